@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make demo` and `make test` (both create .venv if missing).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+OUT     ?= runs/demo
+
+.PHONY: install demo test test-all bench lint clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Runs every registered recipe with --quick and prints where the reports are.
+demo: $(STAMP)
+	$(BIN)/vlctl reproduce all --quick --out $(OUT)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q -m ''
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+clean:
+	rm -rf runs .pytest_cache
