@@ -82,3 +82,20 @@ def config_from_args(cls: type[T], args: argparse.Namespace, base: T | None = No
         if v is not None:
             changes[f.name] = tuple(v) if isinstance(v, list) else v
     return dataclasses.replace(base, **changes)
+
+
+def config_to_flags(cfg: Any) -> list[str]:
+    """The command-line flags that `config_from_args` turns back into `cfg` (for subprocesses)."""
+    flags: list[str] = []
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if v is None:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(v, bool):
+            flags.append(flag if v else "--no-" + f.name.replace("_", "-"))
+        elif isinstance(v, (tuple, list)):
+            flags += [flag, *map(str, v)]
+        else:
+            flags += [flag, str(v)]
+    return flags

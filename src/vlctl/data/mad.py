@@ -1,0 +1,382 @@
+"""MAD: coloured Morpho-MNIST digits with six attribute categories and attribute captions.
+
+The synthetic data set of the TEVI paper (Schrodi et al. 2025; METHODS.md §1.4). Every image has a
+digit, a colour, a thickness change, a swelling, a fracture and a size, each drawn uniformly, and
+a caption naming the digit and 3 of the 5 other attribute values, e.g. "thinning - 7 - red - no
+swelling".
+
+Each image is made as Morpho-MNIST does (Castro et al. 2019): the glyph is drawn on a 4x
+upsampled binary canvas (112x112 for 28 px), the morphology is applied there with sizes measured
+relative to the glyph's own stroke thickness, and the result is area-downsampled and tinted.
+Glyphs come from scikit-learn's bundled 8x8 digits (offline; train and test use disjoint glyphs)
+or from MNIST IDX files. Image i is drawn from its own RNG seeded with (seed, split, i), so the
+output does not depend on how many worker processes made it.
+
+On disk: images.npy (N, H, W, 3) uint8, labels.jsonl (one JSON object per image) and meta.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gzip
+import json
+import multiprocessing
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import numpy as np
+from scipy import ndimage
+from skimage.morphology import skeletonize
+from skimage.transform import resize
+
+from vlctl.config import config_to_dict, opt
+from vlctl.io import VlctlError, atomic_dir, atomic_write_json, atomic_write_text, read_json, sha256_file, sha256_json
+
+CATEGORIES = ("digit", "color", "thickthinning", "swelling", "fracture", "scaling")
+VALUES: dict[str, tuple[str, ...]] = {
+    "digit": tuple(str(d) for d in range(10)),
+    "color": ("gray", "red", "green", "blue", "cyan", "magenta", "yellow"),
+    "thickthinning": ("thickening", "thinning", "no thickthinning"),
+    "swelling": ("swelling", "no swelling"),
+    "fracture": ("fracture", "no fracture"),
+    "scaling": ("large", "small"),
+}
+COLORS = {
+    "gray": (0.5, 0.5, 0.5), "red": (1, 0, 0), "green": (0, 1, 0), "blue": (0, 0, 1),
+    "cyan": (0, 1, 1), "magenta": (1, 0, 1), "yellow": (1, 1, 0),
+}
+SPLITS = ("train", "test")
+FORMAT_VERSION = 1
+SCALE = 4  # Morpho-MNIST's upsampling factor: the morphology runs on a 4x finer binary canvas
+CANVAS = 28 * SCALE  # all lengths below are in 28 px units and multiplied by SCALE on the canvas
+SKLEARN_TEST_FRACTION = 0.2  # of each digit's glyphs; fixed so train and test never share a glyph
+SKLEARN_BOX = 20.0  # side of the box an 8x8 glyph fills on the 28 px canvas, as MNIST's 20x20 box
+MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+               "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+
+
+@dataclasses.dataclass(frozen=True)
+class MadConfig:
+    n: int = opt(10000, "number of images")
+    seed: int = opt(0, "random seed (>= 0); image i depends only on (seed, split, i)")
+    split: str = opt("train", "'train' or 'test': picks the (disjoint) pool of source glyphs")
+    image_size: int = opt(28, "output image side in pixels")
+    mnist_dir: Optional[str] = opt(None, "directory with MNIST IDX files (.gz ok); default: scikit-learn's 8x8 digits")
+    workers: int = opt(2, "worker processes (the output does not depend on it)")
+    stroke_thickness: float = opt(2.5, "stroke thickness (px at 28 px) the thick 8x8 scikit-learn glyphs are redrawn with")
+    thicken_amount: float = opt(0.7, "thickening grows the measured stroke thickness by this fraction")
+    thin_amount: float = opt(0.7, "thinning shrinks the measured stroke thickness by this fraction")
+    swell_strength: float = opt(3.0, "swelling: power of the radial warp (1 = none)")
+    swell_radius: float = opt(7.0, "swelling: radius (px at 28 px, for a stroke 4 px thick; scales with sqrt(thickness))")
+    fracture_count: int = opt(3, "fracture: number of cuts")
+    fracture_thickness: float = opt(1.5, "fracture: width of a cut (px at 28 px)")
+    small_scale: float = opt(0.75, "'small' digits are rescaled by this factor")
+
+    def __post_init__(self):
+        if self.split not in SPLITS:
+            raise VlctlError(f"MadConfig.split: {self.split!r} is not one of {list(SPLITS)}")
+        for name in ("n", "image_size", "workers", "fracture_count"):
+            if getattr(self, name) < 1:
+                raise VlctlError(f"MadConfig.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.seed < 0:
+            raise VlctlError(f"MadConfig.seed: must be >= 0, got {self.seed}")
+        if not (0 < self.thin_amount < 1 and 0 < self.small_scale < 1):
+            raise VlctlError("MadConfig.thin_amount and small_scale: must lie strictly between 0 and 1")
+
+
+# --- stroke measurements ---------------------------------------------------------------------
+
+
+def skeleton_and_thickness(binary: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Skeleton, distance map and mean stroke thickness (px at 28 px) of a binary canvas.
+
+    As Morpho-MNIST: thickness is twice the mean distance-to-background along the skeleton.
+    """
+    skel = skeletonize(binary)
+    dist = ndimage.distance_transform_edt(binary)
+    thickness = 2 * dist[skel].mean() / SCALE if skel.any() else 0.0
+    return skel, dist, float(thickness)
+
+
+# --- morphology on the binary canvas --------------------------------------------------------
+
+
+def set_thickness(binary: np.ndarray, thickness: float) -> np.ndarray:
+    """Redraw the strokes with a uniform thickness: skeletonize, then dilate by a disk.
+
+    Upsampled 8x8 glyphs are blobs 4-5 px thick; MNIST strokes are 2-3 px.
+    """
+    return ndimage.distance_transform_edt(~skeletonize(binary)) < thickness * SCALE / 2
+
+
+def thicken(binary: np.ndarray, amount: float) -> np.ndarray:
+    """Dilate by a disk so the stroke grows by `amount` x its measured thickness (Morpho-MNIST)."""
+    radius = amount * skeleton_and_thickness(binary)[2] * SCALE / 2
+    return ndimage.distance_transform_edt(~binary) <= radius  # exact Euclidean disk dilation
+
+
+def thin(binary: np.ndarray, amount: float) -> np.ndarray:
+    """Erode by a disk so the stroke shrinks by `amount` x its measured thickness (Morpho-MNIST)."""
+    radius = amount * skeleton_and_thickness(binary)[2] * SCALE / 2
+    return ndimage.distance_transform_edt(binary) > radius  # exact Euclidean disk erosion
+
+
+def swell(binary: np.ndarray, rng: np.random.Generator, strength: float, radius: float) -> np.ndarray:
+    """Inflate the stroke around a random skeleton point with a radial power warp (Morpho-MNIST).
+
+    A canvas pixel at distance d < R from the centre samples the glyph at distance d (d/R)^(s-1),
+    which magnifies the neighbourhood of the centre; R grows with sqrt(stroke thickness).
+    """
+    skel, _, thickness = skeleton_and_thickness(binary)
+    if not skel.any():
+        return binary
+    points = np.argwhere(skel)
+    centre = points[rng.integers(len(points))].astype(float)
+    r = radius * np.sqrt(thickness) / 2 * SCALE
+    offset = np.indices(binary.shape, dtype=float).reshape(2, -1) - centre[:, None]
+    weight = np.minimum(np.hypot(*offset) / r, 1.0) ** (strength - 1)
+    src = centre[:, None] + weight * offset
+    return ndimage.map_coordinates(binary.astype(np.float32), src, order=1).reshape(binary.shape) >= 0.5
+
+
+def fracture(binary: np.ndarray, rng: np.random.Generator, count: int, width: float, prune: float = 2.0) -> np.ndarray:
+    """Cut the stroke across, perpendicular to the skeleton, at `count` random points (Morpho-MNIST).
+
+    Cut centres avoid the `prune` px near stroke tips and forks, where a cut would only shorten
+    a stroke or be ambiguous; each cut spans the local stroke width plus 0.5 px on either side.
+    """
+    skel, dist, _ = skeleton_and_thickness(binary)
+    neighbours = ndimage.convolve(skel.astype(int), np.array([[1, 1, 1], [1, 0, 1], [1, 1, 1]]), mode="constant")
+    ends = skel & ((neighbours == 1) | (neighbours >= 3))
+    allowed = skel & (ndimage.distance_transform_edt(~ends) > prune * SCALE) if ends.any() else skel
+    points = np.argwhere(allowed if allowed.any() else skel)  # fall back when pruning ate the skeleton
+    if len(points) == 0:
+        return binary
+    grid = np.indices(binary.shape, dtype=float)
+    out = binary.copy()
+    for centre in points[rng.choice(len(points), size=min(count, len(points)), replace=False)]:
+        tangent = _skeleton_direction(skel, centre, 2 * SCALE)
+        offset = grid - centre[:, None, None]
+        along = tangent[0] * offset[0] + tangent[1] * offset[1]
+        across = tangent[1] * offset[0] - tangent[0] * offset[1]
+        half_length = dist[tuple(centre)] + 0.5 * SCALE
+        out &= ~((np.abs(along) <= width * SCALE / 2) & (np.abs(across) <= half_length))
+    return out
+
+
+def _skeleton_direction(skel: np.ndarray, centre: np.ndarray, r: int) -> np.ndarray:
+    """Unit (row, col) direction of the skeleton near `centre`: principal axis of nearby skeleton pixels."""
+    i, j = centre
+    pts = np.argwhere(skel[max(i - r, 0): i + r + 1, max(j - r, 0): j + r + 1]).astype(float)
+    _, vecs = np.linalg.eigh(np.cov(pts.T) if len(pts) > 1 else np.eye(2))
+    return vecs[:, -1]
+
+
+# --- drawing a glyph -------------------------------------------------------------------------
+
+
+def draw_glyph(glyph: np.ndarray, box: float, rng: np.random.Generator) -> np.ndarray:
+    """Warp a grayscale glyph (values in [0, 1]) onto the binary canvas with random jitter.
+
+    The glyph fills a `box` px square (28 px units) centred on the canvas, moved by a small random
+    affine map (rotation, shear, anisotropic scale, translation) and a smooth elastic field, so no
+    two images of the same glyph coincide. Cubic interpolation, then binarized at 0.5.
+    """
+    angle, shear = rng.uniform(-0.2, 0.2), rng.uniform(-0.25, 0.25)
+    rot = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    affine = rot @ np.array([[1.0, 0.0], [shear, 1.0]]) @ np.diag(rng.uniform(0.9, 1.1, 2))
+    # canvas pixel -> centred 28 px coordinates -> undo jitter -> glyph pixel coordinates
+    pos = (np.indices((CANVAS, CANVAS), dtype=float).reshape(2, -1) - (CANVAS - 1) / 2) / SCALE
+    pos = pos - rng.uniform(-1.5, 1.5, (2, 1)) + _elastic_field(rng, amplitude=0.6)
+    k = glyph.shape[0]
+    src = np.linalg.solve(affine, pos) * (k / box) + (k - 1) / 2
+    pad = 2  # zero border so the cubic spline fades to background outside the glyph
+    img = ndimage.map_coordinates(np.pad(glyph, pad), src + pad, order=3, mode="constant")
+    return img.reshape(CANVAS, CANVAS) >= 0.5
+
+
+def _elastic_field(rng: np.random.Generator, amplitude: float, knots: int = 4) -> np.ndarray:
+    """A smooth random displacement field (2, CANVAS*CANVAS), in 28 px units: Gaussian bumps on a knot grid."""
+    x = np.linspace(0, 1, CANVAS)[:, None]
+    basis = np.exp(-0.5 * ((x - np.linspace(0, 1, knots)[None]) * knots) ** 2)  # (CANVAS, knots)
+    basis /= basis.sum(1, keepdims=True)
+    coef = rng.normal(0, amplitude, (2, knots, knots))
+    return np.einsum("ik,ckl,jl->cij", basis, coef, basis).reshape(2, -1)
+
+
+def shrink(img: np.ndarray, factor: float, rng: np.random.Generator) -> np.ndarray:
+    """Rescale the canvas by `factor` and paste it at a random position (the 'small' attribute)."""
+    size = round(img.shape[0] * factor)
+    small = resize(img, (size, size), order=1, anti_aliasing=True)
+    oy, ox = rng.integers(0, img.shape[0] - size + 1, 2)
+    out = np.zeros_like(img)
+    out[oy:oy + size, ox:ox + size] = small
+    return out
+
+
+def tint(v: np.ndarray, color: str) -> np.ndarray:
+    """Stroke intensity v in [0, 1] -> uint8 RGB on black: v times the colour's RGB tint."""
+    rgb = v[..., None] * np.asarray(COLORS[color], dtype=np.float32)
+    return np.round(255 * np.clip(rgb, 0, 1)).astype(np.uint8)
+
+
+def render(glyph: np.ndarray, box: float, attrs: dict, rng: np.random.Generator, cfg: MadConfig, restroke: bool) -> np.ndarray:
+    """One MAD image (H, W, 3) uint8 from a source glyph and its attribute values."""
+    binary = draw_glyph(glyph, box, rng)
+    if restroke:
+        binary = set_thickness(binary, cfg.stroke_thickness)
+    if attrs["thickthinning"] == "thickening":
+        binary = thicken(binary, cfg.thicken_amount)
+    elif attrs["thickthinning"] == "thinning":
+        binary = thin(binary, cfg.thin_amount)
+    if attrs["swelling"] == "swelling":
+        binary = swell(binary, rng, cfg.swell_strength, cfg.swell_radius)
+    if attrs["fracture"] == "fracture":  # last: a later dilation would close the cuts
+        binary = fracture(binary, rng, cfg.fracture_count, cfg.fracture_thickness)
+    img = binary.astype(np.float32)
+    if attrs["scaling"] == "small":
+        img = shrink(img, cfg.small_scale, rng)
+    v = resize(img, (cfg.image_size, cfg.image_size), order=1, anti_aliasing=True)  # area-like averaging
+    return tint(v, attrs["color"])
+
+
+# --- glyph sources ---------------------------------------------------------------------------
+
+
+class Glyphs(NamedTuple):
+    images: np.ndarray  # (K, h, w) float32 in [0, 1]
+    ids: np.ndarray  # (K,) id of each glyph in its source (row of load_digits / of the IDX file)
+    by_digit: list[np.ndarray]  # positions into `images` of each digit 0..9
+    box: float  # side (28 px units) of the square the glyph image fills
+    restroke: bool  # redraw strokes at cfg.stroke_thickness (the thick 8x8 glyphs)
+
+
+def sklearn_split(split: str) -> np.ndarray:
+    """Ids of the scikit-learn digit glyphs in `split`: a fixed per-digit permutation, so train and test are disjoint."""
+    from sklearn.datasets import load_digits
+
+    target = load_digits().target
+    rng = np.random.default_rng(0)  # fixed on purpose: the split must not depend on the user's seed
+    ids = []
+    for d in range(10):
+        idx = rng.permutation(np.flatnonzero(target == d))
+        n_test = round(len(idx) * SKLEARN_TEST_FRACTION)
+        ids.append(idx[:n_test] if split == "test" else idx[n_test:])
+    return np.sort(np.concatenate(ids))
+
+
+def read_idx(path: Path, ndim: int) -> np.ndarray:
+    """Read an MNIST IDX file of unsigned bytes (optionally gzipped); VlctlError naming the file if bad."""
+    try:
+        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise VlctlError(f"{path}: cannot read MNIST IDX file ({e})") from None
+    if len(data) < 4 + 4 * ndim or data[:4] != bytes([0, 0, 8, ndim]):
+        raise VlctlError(f"{path}: not an IDX file of {ndim}-d unsigned bytes (bad header)")
+    shape = tuple(int.from_bytes(data[4 + 4 * k: 8 + 4 * k], "big") for k in range(ndim))
+    body = data[4 + 4 * ndim:]
+    if len(body) != int(np.prod(shape)):
+        raise VlctlError(f"{path}: truncated or oversized IDX file (header says {shape}, {len(body)} bytes of data)")
+    return np.frombuffer(body, dtype=np.uint8).reshape(shape)
+
+
+def _find_idx(directory: Path, name: str) -> Path:
+    for candidate in (directory / name, directory / (name + ".gz")):
+        if candidate.is_file():
+            return candidate
+    raise VlctlError(f"{directory / name}: MNIST IDX file not found (nor {name}.gz)")
+
+
+def load_glyphs(cfg: MadConfig) -> Glyphs:
+    """The source glyphs of cfg.split: MNIST IDX files if cfg.mnist_dir is set, else scikit-learn's digits."""
+    if cfg.mnist_dir is None:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        ids = sklearn_split(cfg.split)
+        images, labels, box, restroke = digits.images[ids] / 16.0, digits.target[ids], SKLEARN_BOX, True
+    else:
+        directory = Path(cfg.mnist_dir)
+        image_name, label_name = MNIST_FILES[cfg.split]
+        image_file, label_file = _find_idx(directory, image_name), _find_idx(directory, label_name)
+        images, labels = read_idx(image_file, 3) / 255.0, read_idx(label_file, 1)
+        if len(images) != len(labels) or labels.max(initial=0) > 9:
+            raise VlctlError(f"{label_file}: {len(labels)} labels (max {labels.max(initial=0)}) do not fit {len(images)} images of digits 0-9")
+        ids, box, restroke = np.arange(len(images)), 28.0, False
+    by_digit = [np.flatnonzero(labels == d) for d in range(10)]
+    missing = [d for d in range(10) if len(by_digit[d]) == 0]
+    if missing:
+        raise VlctlError(f"{cfg.mnist_dir}: no {cfg.split} glyphs of digit(s) {missing}")
+    return Glyphs(images.astype(np.float32), ids, by_digit, box, restroke)
+
+
+# --- sampling --------------------------------------------------------------------------------
+
+
+def caption(attrs: dict, rng: np.random.Generator) -> str:
+    """The digit's numeral and 3 of the 5 other attribute values, in random order, joined by ' - '."""
+    others = [c for c in CATEGORIES if c != "digit"]
+    parts = [attrs["digit"]] + [attrs[others[k]] for k in rng.choice(len(others), size=3, replace=False)]
+    return " - ".join(parts[k] for k in rng.permutation(len(parts)))
+
+
+def make_sample(i: int, cfg: MadConfig, glyphs: Glyphs) -> tuple[np.ndarray, dict]:
+    """Image i and its label, from an RNG that depends only on (seed, split, i)."""
+    rng = np.random.default_rng([cfg.seed, SPLITS.index(cfg.split), i])
+    attrs = {c: VALUES[c][rng.integers(len(VALUES[c]))] for c in CATEGORIES}
+    pool = glyphs.by_digit[int(attrs["digit"])]
+    g = pool[rng.integers(len(pool))]
+    text = caption(attrs, rng)
+    image = render(glyphs.images[g], glyphs.box, attrs, rng, cfg, glyphs.restroke)
+    return image, {**attrs, "digit": int(attrs["digit"]), "caption": text, "glyph": int(glyphs.ids[g])}
+
+
+def make_range(bounds: tuple[int, int], cfg: MadConfig, glyphs: Glyphs) -> tuple[np.ndarray, list[dict]]:
+    samples = [make_sample(i, cfg, glyphs) for i in range(*bounds)]
+    return np.stack([s[0] for s in samples]), [s[1] for s in samples]
+
+
+_worker: tuple[MadConfig, Glyphs] | None = None  # each worker process loads its glyphs once
+
+
+def _init_worker(cfg: MadConfig) -> None:
+    global _worker
+    _worker = (cfg, load_glyphs(cfg))
+
+
+def _worker_range(bounds: tuple[int, int]) -> tuple[np.ndarray, list[dict]]:
+    return make_range(bounds, *_worker)
+
+
+def generate_mad(cfg: MadConfig, out: str | Path) -> Path:
+    """Generate cfg.n MAD images into directory `out` (replaced atomically); returns its path."""
+    glyphs = load_glyphs(cfg)  # here, so a bad mnist_dir fails before anything is written
+    chunk = max(1, min(250, -(-cfg.n // (4 * cfg.workers))))
+    bounds = [(s, min(s + chunk, cfg.n)) for s in range(0, cfg.n, chunk)]
+    out = Path(out)
+    with atomic_dir(out) as tmp, contextlib.ExitStack() as stack:
+        images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
+                                           shape=(cfg.n, cfg.image_size, cfg.image_size, 3))
+        if cfg.workers == 1:
+            results = (make_range(b, cfg, glyphs) for b in bounds)
+        else:
+            # spawn, not fork: the caller may hold torch / BLAS threads that a fork would copy mid-lock
+            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(cfg.workers, _init_worker, (cfg,)))
+            results = pool.imap(_worker_range, bounds)
+        labels: list[dict] = []
+        for (start, stop), (imgs, labs) in zip(bounds, results):
+            images[start:stop] = imgs
+            labels.extend(labs)
+        stack.close()
+        images.flush()
+        del images
+        atomic_write_text(tmp / "labels.jsonl", "".join(json.dumps(lab) + "\n" for lab in labels))
+        atomic_write_json(tmp / "meta.json", {
+            "format": "vlctl-mad", "format_version": FORMAT_VERSION, "config": config_to_dict(cfg),
+            "n": cfg.n, "image_shape": [cfg.image_size, cfg.image_size, 3],
+            "source": "mnist" if cfg.mnist_dir else "sklearn-digits",
+            "categories": list(CATEGORIES), "values": {c: list(v) for c, v in VALUES.items()},
+            "sha256": {"images.npy": sha256_file(tmp / "images.npy"), "labels.jsonl": sha256_file(tmp / "labels.jsonl")},
+        })
+    return out

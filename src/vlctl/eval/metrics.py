@@ -1,0 +1,409 @@
+"""Evaluation metrics for embedding spaces: retrieval, mAP, clustering, zero-shot, ROC AUC.
+
+Pure functions over numpy arrays (torch tensors are accepted and converted). Summary figures
+(recall, mAP, accuracies, AUC) are returned as percentages in [0, 100] so that every number in a
+vlctl report reads the same way; `positive_pair_cosine` returns raw cosines.
+
+Every function validates its inputs and raises ValueError naming the offending argument, because
+a silently broadcast shape mismatch in an evaluation produces a plausible but wrong number.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+from scipy.stats import rankdata
+
+__all__ = [
+    "recall_at_k",
+    "mean_average_precision",
+    "cluster_accuracy",
+    "zero_shot_predict",
+    "zero_shot_accuracy",
+    "roc_auc",
+    "positive_pair_cosine",
+]
+
+# Elements per chunk of a score matrix processed at once. Each chunk creates a few temporaries
+# (booleans, float copies) of this many elements, so 2**22 keeps peak extra memory around
+# 50 MB even for 5k x 25k score matrices (which themselves take 500 MB in float32).
+_CHUNK_ELEMENTS = 1 << 22
+
+_TIES = ("stable", "optimistic", "pessimistic")
+
+
+# --------------------------------------------------------------------------------------------
+# input conversion and validation
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    """numpy view of `x`; torch tensors are detached and moved to the CPU (without importing torch)."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):
+        x = x.detach().cpu()
+        try:
+            x = x.numpy()
+        except TypeError:  # bfloat16 / other dtypes numpy lacks
+            x = x.float().numpy()
+    return np.asarray(x)
+
+
+def _float_array(x: Any, name: str, ndim: int, shape_doc: str) -> np.ndarray:
+    a = _to_numpy(x)
+    if a.ndim != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D array {shape_doc}, got shape {a.shape}")
+    if a.dtype == bool or np.issubdtype(a.dtype, np.integer):
+        a = a.astype(np.float64)
+    elif not np.issubdtype(a.dtype, np.floating):
+        raise ValueError(f"{name}: expected numbers, got dtype {a.dtype}")
+    return a
+
+
+def _check_finite(a: np.ndarray, name: str) -> None:
+    if np.isnan(a).any():
+        raise ValueError(f"{name}: contains NaN")
+
+
+def _labels(x: Any, name: str, n: int, n_doc: str) -> np.ndarray:
+    a = _to_numpy(x)
+    if a.shape != (n,):
+        raise ValueError(f"{name}: expected shape ({n},) to match {n_doc}, got {a.shape}")
+    return a
+
+
+def _index_array(x: Any, name: str, n: int, n_doc: str, high: int, high_doc: str) -> np.ndarray:
+    a = _labels(x, name, n, n_doc)
+    if a.dtype == bool or not np.issubdtype(a.dtype, np.integer):
+        if a.size and np.issubdtype(a.dtype, np.floating) and np.all(a == np.round(a)):
+            a = a.astype(np.int64)
+        elif a.size:
+            raise ValueError(f"{name}: expected integer indices, got dtype {a.dtype}")
+        else:
+            a = a.astype(np.int64)
+    if a.size and (a.min() < 0 or a.max() >= high):
+        raise ValueError(f"{name}: indices must lie in [0, {high}) ({high_doc}), got range [{a.min()}, {a.max()}]")
+    return a.astype(np.int64, copy=False)
+
+
+def _rows_per_chunk(row_len: int) -> int:
+    return max(1, _CHUNK_ELEMENTS // max(1, row_len))
+
+
+def _normalize_rows(a: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    # eps keeps an all-zero row at zero (cosine 0 with everything) instead of producing NaN.
+    return a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), eps)
+
+
+# --------------------------------------------------------------------------------------------
+# retrieval
+
+
+def _rank_of_targets(block: np.ndarray, target: np.ndarray, ties: str) -> np.ndarray:
+    """0-based rank of column `target[r]` within row r of `block` (c, m), scores descending."""
+    rows = np.arange(block.shape[0])
+    s = block[rows, target][:, None]
+    rank = (block > s).sum(axis=1)
+    if ties == "stable":
+        # Tied items ahead of the target are those with a smaller index (stable descending sort).
+        before = np.arange(block.shape[1])[None, :] < target[:, None]
+        rank += ((block == s) & before).sum(axis=1)
+    elif ties == "pessimistic":
+        rank += (block == s).sum(axis=1) - 1
+    return rank
+
+
+def recall_at_k(
+    scores: Any,
+    image_of_text: Any,
+    ks: Iterable[int] = (1, 5, 10),
+    *,
+    ties: str = "stable",
+) -> dict[str, float]:
+    """Image-text retrieval recall at k, in percent.
+
+    Args:
+        scores: (n_images, n_texts) similarity of image i and text j (higher = more similar).
+            Note the orientation: images are rows (CLIP_benchmark uses texts as rows).
+        image_of_text: (n_texts,) int, `image_of_text[j]` is the index of the image text j
+            describes. An image may have any number of texts (e.g. 5 COCO captions).
+        ks: cut-offs; each k >= 1. k larger than the number of candidates is allowed (the
+            candidate list is simply shorter than k, so every query is a hit: 100).
+        ties: how items with exactly equal scores are ordered.
+            "stable" (default): ties are broken by index, lower index first, i.e. the order of
+            a stable descending sort. rank(j) = #{scores > s_j} + #{scores == s_j, index < j}.
+            "optimistic": rank(j) = #{scores > s_j} (the target wins every tie).
+            "pessimistic": rank(j) = #{scores >= s_j} - 1 (the target loses every tie).
+
+    Returns:
+        dict with keys "i2t@k" and "t2i@k" for every k, values in [0, 100]:
+
+        - t2i@k (text -> image retrieval): the percentage of texts j whose own image
+          `image_of_text[j]` has rank < k among all n_images images ranked by scores[:, j].
+        - i2t@k (image -> text retrieval): the percentage of images i for which AT LEAST ONE of
+          their texts {j : image_of_text[j] == i} has rank < k among all n_texts texts ranked by
+          scores[i, :]. Images without any text are left out of the i2t average (they cannot be
+          retrieved correctly and are distractors only; they still count as candidates in t2i).
+
+    These are CLIP_benchmark's definitions (`zeroshot_retrieval.recall_at_k(...) > 0`). Without
+    ties the numbers are identical. CLIP_benchmark takes the top k with `torch.topk`, whose
+    order among equal scores is unspecified (on CPU it is neither index order nor reproducible
+    across sizes), so with ties its numbers are not well defined; here ties follow `ties`.
+
+    Memory: the score matrix is processed in chunks of rows/columns (a few tens of MB of
+    temporaries), so 5k x 25k matrices (or memmaps) are fine.
+    """
+    S = _float_array(scores, "scores", 2, "(n_images, n_texts)")
+    n_images, n_texts = S.shape
+    if n_images == 0 or n_texts == 0:
+        raise ValueError(f"scores: needs at least one image and one text, got shape {S.shape}")
+    img = _index_array(image_of_text, "image_of_text", n_texts, "scores.shape[1] (n_texts)", n_images, "n_images = scores.shape[0]")
+    ks = list(ks)
+    if not ks or any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 for k in ks):
+        raise ValueError(f"ks: expected positive integers, got {ks}")
+    if ties not in _TIES:
+        raise ValueError(f"ties: expected one of {_TIES}, got {ties!r}")
+
+    # t2i: for each text (a column of S), the rank of its image among all images.
+    t2i_rank = np.empty(n_texts, dtype=np.int64)
+    step = _rows_per_chunk(n_images)
+    for j0 in range(0, n_texts, step):
+        block = np.asarray(S[:, j0 : j0 + step]).T  # (c, n_images), a view: no copy
+        _check_finite(block, "scores")
+        t2i_rank[j0 : j0 + step] = _rank_of_targets(block, img[j0 : j0 + step], ties)
+
+    # i2t: for each image (a row of S), the rank of its best-ranked text. Under every tie rule
+    # that is the text with the highest score, and among equal ones the lowest index, so one
+    # rank per image suffices.
+    i2t_rank = np.empty(n_images, dtype=np.int64)
+    has_text = np.bincount(img, minlength=n_images) > 0
+    step = _rows_per_chunk(n_texts)
+    for i0 in range(0, n_images, step):
+        block = np.asarray(S[i0 : i0 + step])  # (c, n_texts)
+        _check_finite(block, "scores")
+        own = img[None, :] == np.arange(i0, i0 + block.shape[0])[:, None]
+        best = np.where(own, block, -np.inf).max(axis=1)
+        # argmax of a boolean returns the first True: the lowest-index text with the best score
+        # (comparing scores with `best`, not argmax over the -inf-filled copy, stays correct
+        # when a true score is itself -inf).
+        target = np.argmax(own & (block == best[:, None]), axis=1)
+        i2t_rank[i0 : i0 + block.shape[0]] = _rank_of_targets(block, target, ties)
+
+    out: dict[str, float] = {}
+    for k in ks:
+        out[f"i2t@{k}"] = 100.0 * float(np.mean(i2t_rank[has_text] < k))
+    for k in ks:
+        out[f"t2i@{k}"] = 100.0 * float(np.mean(t2i_rank < k))
+    return out
+
+
+def mean_average_precision(
+    scores: Any,
+    query_labels: Any,
+    gallery_labels: Any,
+    ignore: Any = None,
+) -> float:
+    """Mean average precision of ranking a gallery for each query, in percent.
+
+    Args:
+        scores: (n_query, n_gallery) similarities, higher = ranked first.
+        query_labels: (n_query,) labels (any comparable values: ints, strings).
+        gallery_labels: (n_gallery,) labels. Gallery item g is relevant to query q iff
+            query_labels[q] == gallery_labels[g].
+        ignore: optional boolean (n_query, n_gallery); True pairs are removed from the ranking
+            entirely (neither relevant nor counted in precision), e.g. a query's own entry when
+            the query set is the gallery.
+
+    Returns:
+        100 * mean over queries of AP(q), where, with R(q) the relevant non-ignored items and
+        P(s) = #{relevant items with score >= s} / #{non-ignored items with score >= s},
+
+            AP(q) = (1 / |R(q)|) * sum over r in R(q) of P(score of r),
+
+        i.e. the mean over relevant items of the precision at their rank (non-interpolated AP).
+        Items with equal scores share one rank position, the last of their group (precision is
+        taken after the whole tied group), which is exactly sklearn's
+        `average_precision_score(relevant, scores)` including its tie handling.
+
+        Queries with no relevant (non-ignored) item have undefined AP and are excluded from the
+        mean; if no query has one, the result is NaN.
+    """
+    S = _float_array(scores, "scores", 2, "(n_query, n_gallery)")
+    nq, ng = S.shape
+    ql = _labels(query_labels, "query_labels", nq, "scores.shape[0] (n_query)")
+    gl = _labels(gallery_labels, "gallery_labels", ng, "scores.shape[1] (n_gallery)")
+    if ignore is not None:
+        ign = _to_numpy(ignore)
+        if ign.shape != S.shape:
+            raise ValueError(f"ignore: expected shape {S.shape} to match scores, got {ign.shape}")
+        if ign.dtype != bool:
+            raise ValueError(f"ignore: expected a boolean mask, got dtype {ign.dtype}")
+    if ng == 0:
+        return float("nan")
+
+    ap_sum, n_valid = 0.0, 0
+    positions = np.arange(ng)
+    step = _rows_per_chunk(ng)
+    for q0 in range(0, nq, step):
+        block = np.array(S[q0 : q0 + step], dtype=np.float64)  # copy: we overwrite ignored entries
+        _check_finite(block, "scores")
+        rel = ql[q0 : q0 + step, None] == gl[None, :]
+        valid = np.ones_like(rel) if ignore is None else ~ign[q0 : q0 + step]
+        rel &= valid
+        # Ignored pairs go to the end of the ranking; they add to neither the true-positive nor
+        # the item counts, so where they land does not matter.
+        block[~valid] = -np.inf
+
+        order = np.argsort(-block, axis=1, kind="stable")
+        s_sorted = np.take_along_axis(block, order, axis=1)
+        rel_sorted = np.take_along_axis(rel, order, axis=1)
+        tp = np.cumsum(rel_sorted, axis=1)
+        seen = np.cumsum(np.take_along_axis(valid, order, axis=1), axis=1)
+
+        # Index of the last item of each item's tie group: a right-to-left running minimum of
+        # the positions where the score changes.
+        is_last = np.ones_like(rel_sorted)
+        is_last[:, :-1] = s_sorted[:, :-1] != s_sorted[:, 1:]
+        group_end = np.minimum.accumulate(np.where(is_last, positions, ng)[:, ::-1], axis=1)[:, ::-1]
+
+        tp_end = np.take_along_axis(tp, group_end, axis=1)
+        seen_end = np.take_along_axis(seen, group_end, axis=1)
+        precision = np.divide(tp_end, seen_end, out=np.zeros(tp_end.shape), where=seen_end > 0)
+        n_rel = rel.sum(axis=1)
+        has = n_rel > 0
+        ap_sum += float(((precision * rel_sorted).sum(axis=1)[has] / n_rel[has]).sum())
+        n_valid += int(has.sum())
+    if n_valid == 0:
+        return float("nan")
+    return 100.0 * ap_sum / n_valid
+
+
+# --------------------------------------------------------------------------------------------
+# clustering, zero-shot classification, detection
+
+
+def cluster_accuracy(y_true: Any, y_pred: Any) -> float:
+    """Clustering accuracy under the best one-to-one matching of clusters to classes, in percent.
+
+    Args:
+        y_true: (n,) class labels, any values np.unique can sort (ints, strings).
+        y_pred: (n,) cluster ids, any such values; need not share values with y_true.
+
+    Returns:
+        100 * max over one-to-one maps m from cluster ids to classes of
+        (1/n) * #{i : m(y_pred[i]) == y_true[i]}.
+        The map is found with the Hungarian algorithm (scipy.optimize.linear_sum_assignment)
+        on the cluster x class contingency table. With more clusters than classes the surplus
+        clusters match no class (all their items count as errors), and with fewer clusters some
+        classes stay unmatched.
+    """
+    t = _to_numpy(y_true)
+    if t.ndim != 1:
+        raise ValueError(f"y_true: expected a 1-D array, got shape {t.shape}")
+    p = _labels(y_pred, "y_pred", t.shape[0], "len(y_true)")
+    if t.shape[0] == 0:
+        raise ValueError("y_true: empty")
+    _, ti = np.unique(t, return_inverse=True)
+    _, pi = np.unique(p, return_inverse=True)
+    table = np.zeros((pi.max() + 1, ti.max() + 1), dtype=np.int64)
+    np.add.at(table, (pi.ravel(), ti.ravel()), 1)
+    rows, cols = linear_sum_assignment(table, maximize=True)
+    return 100.0 * float(table[rows, cols].sum()) / t.shape[0]
+
+
+def _emb_pair(a: Any, a_name: str, a_doc: str, b: Any, b_name: str, b_doc: str) -> tuple[np.ndarray, np.ndarray]:
+    A = _float_array(a, a_name, 2, a_doc)
+    B = _float_array(b, b_name, 2, b_doc)
+    if A.shape[1] != B.shape[1]:
+        raise ValueError(f"{b_name}: embedding dimension {B.shape[1]} does not match {a_name}'s {A.shape[1]}")
+    _check_finite(A, a_name)
+    _check_finite(B, b_name)
+    return A, B
+
+
+def zero_shot_predict(image_emb: Any, class_emb: Any) -> np.ndarray:
+    """Zero-shot class of each image: argmax over classes of the cosine similarity.
+
+    Args:
+        image_emb: (n, d) image embeddings.
+        class_emb: (c, d) one embedding per class (e.g. the normalised mean of its prompt
+            embeddings).
+
+    Returns:
+        (n,) int64, pred[i] = argmax_c cos(image_emb[i], class_emb[c]). Both sides are
+        L2-normalised here, so unnormalised inputs are fine; an all-zero row has cosine 0 with
+        everything. Equal cosines resolve to the lowest class index (np.argmax).
+    """
+    X, C = _emb_pair(image_emb, "image_emb", "(n, d)", class_emb, "class_emb", "(n_classes, d)")
+    if C.shape[0] == 0:
+        raise ValueError("class_emb: needs at least one class")
+    X, C = _normalize_rows(X), _normalize_rows(C)
+    pred = np.empty(X.shape[0], dtype=np.int64)
+    step = _rows_per_chunk(C.shape[0])
+    for i0 in range(0, X.shape[0], step):
+        pred[i0 : i0 + step] = np.argmax(X[i0 : i0 + step] @ C.T, axis=1)
+    return pred
+
+
+def zero_shot_accuracy(image_emb: Any, class_emb: Any, labels: Any) -> float:
+    """Zero-shot top-1 accuracy, in percent.
+
+    100 * (1/n) * #{i : zero_shot_predict(image_emb, class_emb)[i] == labels[i]}, where
+    `labels` (n,) are class indices into the rows of `class_emb`.
+    """
+    X = _to_numpy(image_emb)
+    C = _to_numpy(class_emb)
+    n = X.shape[0] if X.ndim == 2 else -1
+    n_classes = C.shape[0] if C.ndim == 2 else 0
+    pred = zero_shot_predict(X, C)
+    y = _index_array(labels, "labels", n, "image_emb.shape[0]", n_classes, "the number of classes = class_emb.shape[0]")
+    if n == 0:
+        raise ValueError("image_emb: no images")
+    return 100.0 * float(np.mean(pred == y))
+
+
+def roc_auc(scores: Any, positives: Any) -> float:
+    """Area under the ROC curve, in percent, computed as the Mann-Whitney U statistic.
+
+    Args:
+        scores: (n,) scores, higher = more likely positive.
+        positives: (n,) boolean (or 0/1) ground truth; both classes must be present.
+
+    Returns:
+        100 * (sum of the ranks of the positives - n_pos (n_pos + 1) / 2) / (n_pos * n_neg),
+        with ranks 1..n of the ascending scores and tied scores given their average rank. This
+        equals the probability that a random positive scores above a random negative, ties
+        counting one half, and equals 100 * sklearn.metrics.roc_auc_score(positives, scores).
+    """
+    s = _float_array(scores, "scores", 1, "(n,)")
+    y = _labels(positives, "positives", s.shape[0], "len(scores)")
+    if y.dtype != bool:
+        if not np.all(np.isin(y, (0, 1))):
+            raise ValueError(f"positives: expected booleans or 0/1, got values {np.unique(y)[:5]}")
+        y = y.astype(bool)
+    _check_finite(s, "scores")
+    n_pos = int(y.sum())
+    n_neg = y.shape[0] - n_pos
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError(f"positives: ROC AUC needs both classes, got {n_pos} positives and {n_neg} negatives")
+    ranks = rankdata(s)  # "average" method: ties share the mean of their ranks
+    u = ranks[y].sum() - n_pos * (n_pos + 1) / 2.0
+    return 100.0 * float(u / (n_pos * n_neg))
+
+
+def positive_pair_cosine(image_emb: Any, text_emb: Any) -> np.ndarray:
+    """Row-wise cosine similarity of matched pairs: out[i] = cos(image_emb[i], text_emb[i]).
+
+    Args:
+        image_emb: (n, d).
+        text_emb: (n, d), row i paired with image row i.
+
+    Returns:
+        (n,) float64 in [-1, 1]; an all-zero row gives 0.
+    """
+    A, B = _emb_pair(image_emb, "image_emb", "(n, d)", text_emb, "text_emb", "(n, d)")
+    if A.shape[0] != B.shape[0]:
+        raise ValueError(f"text_emb: {B.shape[0]} rows do not match image_emb's {A.shape[0]} (pairs are row-aligned)")
+    A = _normalize_rows(A.astype(np.float64))
+    B = _normalize_rows(B.astype(np.float64))
+    return np.einsum("nd,nd->n", A, B)

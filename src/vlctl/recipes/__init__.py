@@ -1,0 +1,27 @@
+"""Paper reproductions, each a recipe run stage by stage (data -> train -> embed -> fit ->
+evaluate -> report) with cached stages. `vlctl reproduce NAME [--quick] --out DIR`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from vlctl.io import VlctlError
+
+# name -> module:function(out: Path, quick: bool, force: bool) -> Path of report.md
+RECIPES: dict[str, str] = {
+    "mad-clip": "vlctl.recipes.mad_clip:run",
+}
+
+
+def _load(name: str) -> Callable[..., Path]:
+    import importlib
+
+    if name not in RECIPES:
+        raise VlctlError(f"unknown recipe {name!r}; known: {sorted(RECIPES)}")
+    module, fn = RECIPES[name].split(":")
+    return getattr(importlib.import_module(module), fn)
+
+
+def run_recipe(name: str, out: str | Path, quick: bool = False, force: bool = False) -> Path:
+    return _load(name)(Path(out), quick=quick, force=force)

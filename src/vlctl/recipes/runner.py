@@ -1,0 +1,51 @@
+"""Run a recipe stage by stage, reusing each stage whose inputs have not changed.
+
+A stage's output lives in `OUT/stages/<name>-<key>/`, where the key hashes everything the stage
+depends on (its config and the keys of the stages it reads). A finished stage holds `done.json`;
+re-running the recipe finds it and skips the work. Stages are built in `<dir>.partial/` and
+renamed when they finish, so an interrupted stage is never mistaken for a finished one; a
+resumable stage (training) picks its `.partial/` directory up again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from vlctl.io import atomic_write_json, read_json, sha256_json
+
+
+class Runner:
+    def __init__(self, out: str | Path, force: bool = False):
+        self.out = Path(out)
+        self.force = force
+        self.timings: dict[str, dict[str, Any]] = {}
+
+    def stage(self, name: str, key: dict, fn: Callable[..., Any], resumable: bool = False) -> Path:
+        """Run `fn(workdir)` (or `fn(workdir, resume)` when resumable) unless a finished stage
+        with the same key exists; return the stage directory."""
+        digest = sha256_json({"stage": name, **key})[:12]
+        final = self.out / "stages" / f"{name}-{digest}"
+        partial = final.with_name(final.name + ".partial")
+        if self.force:
+            shutil.rmtree(final, ignore_errors=True)
+            shutil.rmtree(partial, ignore_errors=True)
+        if (final / "done.json").is_file():
+            done = read_json(final / "done.json", "stage marker")
+            self.timings[name] = {"seconds": done["seconds"], "cached": True}
+            return final
+        resume = resumable and partial.is_dir()
+        if not resume:
+            shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        fn(partial, resume) if resumable else fn(partial)
+        seconds = time.perf_counter() - t0
+        atomic_write_json(partial / "done.json", {"stage": name, "key": key, "seconds": seconds})
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+        self.timings[name] = {"seconds": seconds, "cached": False}
+        return final

@@ -1,0 +1,3 @@
+from vlctl.report.writer import Report
+
+__all__ = ["Report"]

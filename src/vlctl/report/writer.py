@@ -1,0 +1,91 @@
+"""A report is a list of blocks (headings, text, tables, figures) rendered to Markdown and HTML.
+
+Recipes build one `Report`; numbers in tables come straight from the results dict that is saved
+as results.json beside it, so the report never shows a number that is not in the JSON.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from vlctl.io import atomic_write_text
+
+
+def fmt(v: Any, digits: int = 1) -> str:
+    """Numbers as the report prints them: floats with `digits` decimals, None as an en dash."""
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+@dataclass
+class Report:
+    title: str
+    blocks: list[tuple[str, Any]] = field(default_factory=list)
+
+    def heading(self, text: str, level: int = 2) -> None:
+        self.blocks.append(("heading", (level, text)))
+
+    def text(self, text: str) -> None:
+        self.blocks.append(("text", text))
+
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[Any]], digits: int = 1) -> None:
+        self.blocks.append(("table", ([str(h) for h in headers], [[fmt(c, digits) for c in r] for r in rows])))
+
+    def figure(self, path: str, caption: str) -> None:
+        """`path` relative to the report's directory (e.g. figures/x.png)."""
+        self.blocks.append(("figure", (path, caption)))
+
+    def to_markdown(self) -> str:
+        out = [f"# {self.title}", ""]
+        for kind, b in self.blocks:
+            if kind == "heading":
+                out += ["#" * b[0] + " " + b[1], ""]
+            elif kind == "text":
+                out += [b, ""]
+            elif kind == "table":
+                headers, rows = b
+                out.append("| " + " | ".join(headers) + " |")
+                out.append("|" + "|".join("---" for _ in headers) + "|")
+                out += ["| " + " | ".join(r) + " |" for r in rows]
+                out.append("")
+            elif kind == "figure":
+                out += [f"![{b[1]}]({b[0]})", "", f"*{b[1]}*", ""]
+        return "\n".join(out)
+
+    def to_html(self) -> str:
+        e = html.escape
+        out = [
+            "<!doctype html><html><head><meta charset='utf-8'>",
+            f"<title>{e(self.title)}</title>",
+            "<style>body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
+            "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.25em .6em;"
+            "text-align:right}th{background:#f3f3f3}td:first-child{text-align:left}img{max-width:100%}"
+            "figcaption{color:#555;font-style:italic}</style></head><body>",
+            f"<h1>{e(self.title)}</h1>",
+        ]
+        for kind, b in self.blocks:
+            if kind == "heading":
+                out.append(f"<h{b[0]}>{e(b[1])}</h{b[0]}>")
+            elif kind == "text":
+                out.append(f"<p>{e(b)}</p>")
+            elif kind == "table":
+                headers, rows = b
+                out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>")
+                out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
+                out.append("</table>")
+            elif kind == "figure":
+                out.append(f"<figure><img src='{e(b[0])}' alt='{e(b[1])}'><figcaption>{e(b[1])}</figcaption></figure>")
+        out.append("</body></html>")
+        return "\n".join(out)
+
+    def write(self, out_dir: str | Path) -> Path:
+        out_dir = Path(out_dir)
+        atomic_write_text(out_dir / "report.md", self.to_markdown())
+        atomic_write_text(out_dir / "report.html", self.to_html())
+        return out_dir / "report.md"
