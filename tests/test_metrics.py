@@ -14,6 +14,7 @@ from vlctl.eval.metrics import (
     mean_average_precision,
     positive_pair_cosine,
     recall_at_k,
+    recall_at_k_relevant,
     roc_auc,
     zero_shot_accuracy,
     zero_shot_predict,
@@ -145,10 +146,11 @@ def test_recall_matches_clip_benchmark_without_ties():
 
 
 def test_recall_images_without_text_excluded_from_i2t_but_distract_t2i():
-    # Image 1 has no text. For text 0, image 1 outranks image 0: a t2i miss at k=1.
-    S = np.array([[0.5], [0.9]])
-    r = recall_at_k(S, [0], ks=(1, 2))
-    assert r == {"i2t@1": 100.0, "i2t@2": 100.0, "t2i@1": 0.0, "t2i@2": 100.0}
+    # Image 2 has no text. Images 0 and 1 find their texts first (i2t@1 = 100; image 2 would
+    # miss, were it counted). For text 1, image 2 outranks image 1: a t2i miss at k=1.
+    S = np.array([[0.5, 0.1], [0.4, 0.8], [0.1, 0.9]])
+    r = recall_at_k(S, [0, 1], ks=(1, 2))
+    assert r == {"i2t@1": 100.0, "i2t@2": 100.0, "t2i@1": 50.0, "t2i@2": 100.0}
 
 
 def test_recall_validation():
@@ -164,6 +166,60 @@ def test_recall_validation():
         recall_at_k(S_SMALL, IMG_SMALL, ks=(0,))
     with pytest.raises(ValueError, match="ties"):
         recall_at_k(S_SMALL, IMG_SMALL, ties="random")
+
+
+def test_recall_relevant_hand_computed():
+    # Image 0 matches texts 0 and 2, image 1 matches text 2 only, image 2 matches nothing.
+    S = np.array(
+        [
+            [0.2, 0.9, 0.5],
+            [0.3, 0.1, 0.8],
+            [0.9, 0.0, 0.1],
+        ]
+    )
+    rel = np.array([[True, False, True], [False, False, True], [False, False, False]])
+    r = recall_at_k_relevant(S, rel, ks=(1, 2))
+    # i2t: image 0's best relevant text is text 2 (rank 1), image 1's is text 2 (rank 0);
+    # image 2 is left out. t2i: text 0 -> image 0 at rank 2 (miss at 2); text 1 has no
+    # relevant image (left out); text 2 -> image 1 at rank 0.
+    assert r == {"i2t@1": 50.0, "i2t@2": 100.0, "t2i@1": 50.0, "t2i@2": 50.0}
+    assert np.isnan(recall_at_k_relevant(S, np.zeros((3, 3), bool), ks=(1,))["t2i@1"])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_recall_relevant_equals_recall_for_one_image_per_text(seed, monkeypatch):
+    rng = np.random.default_rng(seed)
+    img = rng.integers(0, 9, 25)
+    S = rng.integers(0, 3, (9, 25)).astype(np.float64)  # ties
+    rel = np.arange(9)[:, None] == img[None, :]
+    monkeypatch.setattr(metrics, "_CHUNK_ELEMENTS", 40)
+    for ties in ("stable", "optimistic", "pessimistic"):
+        assert recall_at_k_relevant(S, rel, (1, 2, 5), ties=ties) == recall_at_k(S, img, (1, 2, 5), ties=ties)
+
+
+def test_recall_relevant_matches_loop_reference():
+    rng = np.random.default_rng(5)
+    S = rng.integers(0, 4, (11, 14)).astype(np.float32)
+    rel = rng.random((11, 14)) < 0.15
+    r = recall_at_k_relevant(S, rel, ks=(1, 3))
+    for k in (1, 3):
+        i2t = [
+            np.isin(np.argsort(-S[i], kind="stable")[:k], np.where(rel[i])[0]).any() for i in range(11) if rel[i].any()
+        ]
+        t2i = [
+            np.isin(np.argsort(-S[:, j], kind="stable")[:k], np.where(rel[:, j])[0]).any()
+            for j in range(14)
+            if rel[:, j].any()
+        ]
+        assert r[f"i2t@{k}"] == pytest.approx(100 * np.mean(i2t))
+        assert r[f"t2i@{k}"] == pytest.approx(100 * np.mean(t2i))
+
+
+def test_recall_relevant_validation():
+    with pytest.raises(ValueError, match="relevant"):
+        recall_at_k_relevant(np.zeros((2, 3)), np.zeros((3, 2), bool))
+    with pytest.raises(ValueError, match="relevant"):
+        recall_at_k_relevant(np.zeros((2, 3)), np.zeros((2, 3)))
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,20 +10,22 @@ a silently broadcast shape mismatch in an evaluation produces a plausible but wr
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 from scipy.stats import rankdata
 
 __all__ = [
-    "recall_at_k",
-    "mean_average_precision",
     "cluster_accuracy",
-    "zero_shot_predict",
-    "zero_shot_accuracy",
-    "roc_auc",
+    "mean_average_precision",
     "positive_pair_cosine",
+    "recall_at_k",
+    "recall_at_k_relevant",
+    "roc_auc",
+    "zero_shot_accuracy",
+    "zero_shot_predict",
 ]
 
 # Elements per chunk of a score matrix processed at once. Each chunk creates a few temporaries
@@ -113,6 +115,50 @@ def _rank_of_targets(block: np.ndarray, target: np.ndarray, ties: str) -> np.nda
     return rank
 
 
+def _best_relevant_ranks(S: np.ndarray, relevant_rows, ties: str) -> tuple[np.ndarray, np.ndarray]:
+    """For each row (query) of S (n_query, n_cand): the rank of its best-ranked relevant item.
+
+    `relevant_rows(r0, r1)` returns the boolean relevance mask of rows r0:r1, so that no full
+    (n_query, n_cand) mask needs to exist. Under every tie rule the best-ranked relevant item is
+    the one with the highest score and, among equal ones, the lowest index, so one rank per
+    query suffices. Returns (ranks, has_relevant); ranks of queries without relevant items are
+    meaningless.
+    """
+    n_query, n_cand = S.shape
+    ranks = np.empty(n_query, dtype=np.int64)
+    has = np.empty(n_query, dtype=bool)
+    step = _rows_per_chunk(n_cand)
+    for r0 in range(0, n_query, step):
+        block = np.asarray(S[r0 : r0 + step])  # for S = scores.T a strided view: no copy
+        _check_finite(block, "scores")
+        rel = relevant_rows(r0, r0 + block.shape[0])
+        best = np.where(rel, block, -np.inf).max(axis=1)
+        # argmax of a boolean returns the first True: the lowest-index relevant item with the
+        # best score (comparing with `best`, rather than taking the argmax of the -inf-filled
+        # copy, stays correct when a true score is itself -inf).
+        target = np.argmax(rel & (block == best[:, None]), axis=1)
+        ranks[r0 : r0 + block.shape[0]] = _rank_of_targets(block, target, ties)
+        has[r0 : r0 + block.shape[0]] = rel.any(axis=1)
+    return ranks, has
+
+
+def _check_ks_ties(ks: Iterable[int], ties: str) -> list[int]:
+    ks = list(ks)
+    if not ks or any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 for k in ks):
+        raise ValueError(f"ks: expected positive integers, got {ks}")
+    if ties not in _TIES:
+        raise ValueError(f"ties: expected one of {_TIES}, got {ties!r}")
+    return ks
+
+
+def _recall_dict(i2t: tuple[np.ndarray, np.ndarray], t2i: tuple[np.ndarray, np.ndarray], ks: list[int]) -> dict:
+    out: dict[str, float] = {}
+    for name, (rank, has) in (("i2t", i2t), ("t2i", t2i)):
+        for k in ks:
+            out[f"{name}@{k}"] = 100.0 * float(np.mean(rank[has] < k)) if has.any() else float("nan")
+    return out
+
+
 def recall_at_k(
     scores: Any,
     image_of_text: Any,
@@ -134,9 +180,10 @@ def recall_at_k(
             a stable descending sort. rank(j) = #{scores > s_j} + #{scores == s_j, index < j}.
             "optimistic": rank(j) = #{scores > s_j} (the target wins every tie).
             "pessimistic": rank(j) = #{scores >= s_j} - 1 (the target loses every tie).
+            Ranks are 0-based; "top k" means rank < k.
 
     Returns:
-        dict with keys "i2t@k" and "t2i@k" for every k, values in [0, 100]:
+        dict with keys "i2t@k" then "t2i@k" for every k, values in [0, 100]:
 
         - t2i@k (text -> image retrieval): the percentage of texts j whose own image
           `image_of_text[j]` has rank < k among all n_images images ranked by scores[:, j].
@@ -157,44 +204,60 @@ def recall_at_k(
     n_images, n_texts = S.shape
     if n_images == 0 or n_texts == 0:
         raise ValueError(f"scores: needs at least one image and one text, got shape {S.shape}")
-    img = _index_array(image_of_text, "image_of_text", n_texts, "scores.shape[1] (n_texts)", n_images, "n_images = scores.shape[0]")
-    ks = list(ks)
-    if not ks or any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 for k in ks):
-        raise ValueError(f"ks: expected positive integers, got {ks}")
-    if ties not in _TIES:
-        raise ValueError(f"ties: expected one of {_TIES}, got {ties!r}")
+    img = _index_array(
+        image_of_text, "image_of_text", n_texts, "scores.shape[1] (n_texts)", n_images, "n_images = scores.shape[0]"
+    )
+    ks = _check_ks_ties(ks, ties)
+    images = np.arange(n_images)
+    t2i = _best_relevant_ranks(S.T, lambda a, b: images[None, :] == img[a:b, None], ties)
+    i2t = _best_relevant_ranks(S, lambda a, b: img[None, :] == images[a:b, None], ties)
+    return _recall_dict(i2t, t2i, ks)
 
-    # t2i: for each text (a column of S), the rank of its image among all images.
-    t2i_rank = np.empty(n_texts, dtype=np.int64)
-    step = _rows_per_chunk(n_images)
-    for j0 in range(0, n_texts, step):
-        block = np.asarray(S[:, j0 : j0 + step]).T  # (c, n_images), a view: no copy
-        _check_finite(block, "scores")
-        t2i_rank[j0 : j0 + step] = _rank_of_targets(block, img[j0 : j0 + step], ties)
 
-    # i2t: for each image (a row of S), the rank of its best-ranked text. Under every tie rule
-    # that is the text with the highest score, and among equal ones the lowest index, so one
-    # rank per image suffices.
-    i2t_rank = np.empty(n_images, dtype=np.int64)
-    has_text = np.bincount(img, minlength=n_images) > 0
-    step = _rows_per_chunk(n_texts)
-    for i0 in range(0, n_images, step):
-        block = np.asarray(S[i0 : i0 + step])  # (c, n_texts)
-        _check_finite(block, "scores")
-        own = img[None, :] == np.arange(i0, i0 + block.shape[0])[:, None]
-        best = np.where(own, block, -np.inf).max(axis=1)
-        # argmax of a boolean returns the first True: the lowest-index text with the best score
-        # (comparing scores with `best`, not argmax over the -inf-filled copy, stays correct
-        # when a true score is itself -inf).
-        target = np.argmax(own & (block == best[:, None]), axis=1)
-        i2t_rank[i0 : i0 + block.shape[0]] = _rank_of_targets(block, target, ties)
+def recall_at_k_relevant(
+    scores: Any,
+    relevant: Any,
+    ks: Iterable[int] = (1, 5, 10),
+    *,
+    ties: str = "stable",
+) -> dict[str, float]:
+    """Retrieval recall at k when any number of images and texts are relevant to each other.
 
-    out: dict[str, float] = {}
-    for k in ks:
-        out[f"i2t@{k}"] = 100.0 * float(np.mean(i2t_rank[has_text] < k))
-    for k in ks:
-        out[f"t2i@{k}"] = 100.0 * float(np.mean(t2i_rank < k))
-    return out
+    Args:
+        scores: (n_images, n_texts) similarities, higher = more similar.
+        relevant: (n_images, n_texts) boolean; relevant[i, j] says text j is a correct match
+            for image i (e.g. it names only attribute values image i has).
+        ks: cut-offs, each k >= 1 (k above the number of candidates gives 100).
+        ties: how items with exactly equal scores are ordered.
+            "stable" (default): ties are broken by index, lower index first, i.e. the order of
+            a stable descending sort. rank(j) = #{scores > s_j} + #{scores == s_j, index < j}.
+            "optimistic": rank(j) = #{scores > s_j} (the target wins every tie).
+            "pessimistic": rank(j) = #{scores >= s_j} - 1 (the target loses every tie).
+            Ranks are 0-based; "top k" means rank < k.
+
+    Returns:
+        dict with keys "i2t@k" then "t2i@k", values in [0, 100]:
+
+        - i2t@k: the percentage of images i for which at least one text j with relevant[i, j]
+          has rank < k among all texts ranked by scores[i, :].
+        - t2i@k: the percentage of texts j for which at least one image i with relevant[i, j]
+          has rank < k among all images ranked by scores[:, j].
+
+        Queries without any relevant item are left out of their average (NaN if none is left).
+        With relevant[i, j] = (image_of_text[j] == i) this equals `recall_at_k`.
+    """
+    S = _float_array(scores, "scores", 2, "(n_images, n_texts)")
+    if S.shape[0] == 0 or S.shape[1] == 0:
+        raise ValueError(f"scores: needs at least one image and one text, got shape {S.shape}")
+    R = _to_numpy(relevant)
+    if R.shape != S.shape:
+        raise ValueError(f"relevant: expected shape {S.shape} to match scores, got {R.shape}")
+    if R.dtype != bool:
+        raise ValueError(f"relevant: expected a boolean mask, got dtype {R.dtype}")
+    ks = _check_ks_ties(ks, ties)
+    t2i = _best_relevant_ranks(S.T, lambda a, b: R.T[a:b], ties)
+    i2t = _best_relevant_ranks(S, lambda a, b: R[a:b], ties)
+    return _recall_dict(i2t, t2i, ks)
 
 
 def mean_average_precision(
@@ -245,14 +308,13 @@ def mean_average_precision(
     positions = np.arange(ng)
     step = _rows_per_chunk(ng)
     for q0 in range(0, nq, step):
-        block = np.array(S[q0 : q0 + step], dtype=np.float64)  # copy: we overwrite ignored entries
+        block = np.asarray(S[q0 : q0 + step])
         _check_finite(block, "scores")
         rel = ql[q0 : q0 + step, None] == gl[None, :]
         valid = np.ones_like(rel) if ignore is None else ~ign[q0 : q0 + step]
+        # Ignored pairs stay in the sort but add to neither the true-positive nor the item
+        # counts below, so where they land (even inside a tie group) changes nothing.
         rel &= valid
-        # Ignored pairs go to the end of the ranking; they add to neither the true-positive nor
-        # the item counts, so where they land does not matter.
-        block[~valid] = -np.inf
 
         order = np.argsort(-block, axis=1, kind="stable")
         s_sorted = np.take_along_axis(block, order, axis=1)

@@ -1,0 +1,52 @@
+from vlctl.io import read_json
+from vlctl.recipes.runner import Runner
+from vlctl.report import Report
+
+
+def test_stage_is_cached_by_key(tmp_path):
+    calls = []
+
+    def work(d):
+        calls.append(d)
+        (d / "out.txt").write_text("done")
+
+    r = Runner(tmp_path)
+    a = r.stage("s", {"x": 1}, work)
+    b = Runner(tmp_path).stage("s", {"x": 1}, work)
+    assert a == b and len(calls) == 1 and (a / "out.txt").read_text() == "done"
+    c = r.stage("s", {"x": 2}, work)
+    assert c != a and len(calls) == 2
+    Runner(tmp_path, force=True).stage("s", {"x": 1}, work)
+    assert len(calls) == 3
+    assert read_json(a / "done.json", "marker")["key"] == {"x": 1}
+
+
+def test_failed_stage_is_not_marked_done_and_resumable_stage_resumes(tmp_path):
+    seen = []
+
+    def flaky(d, resume):
+        seen.append(resume)
+        (d / "progress").write_text("half")
+        if len(seen) == 1:
+            raise RuntimeError("interrupted")
+
+    import pytest
+
+    with pytest.raises(RuntimeError):
+        Runner(tmp_path).stage("train", {"k": 1}, flaky, resumable=True)
+    assert not any(p.name.endswith(("-" + "x")) for p in (tmp_path / "stages").iterdir())
+    assert all(p.name.endswith(".partial") for p in (tmp_path / "stages").iterdir())
+    d = Runner(tmp_path).stage("train", {"k": 1}, flaky, resumable=True)
+    assert seen == [False, True] and (d / "done.json").is_file()
+
+
+def test_report_renders_tables_and_figures(tmp_path):
+    rep = Report("T")
+    rep.heading("H")
+    rep.table(["a", "b"], [["x", 1.234], ["y", None]])
+    rep.figure("figures/f.png", "cap <1>")
+    rep.write(tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert "| x | 1.2 |" in md and "| y | – |" in md and "![cap <1>](figures/f.png)" in md
+    html = (tmp_path / "report.html").read_text()
+    assert "<td>1.2</td>" in html and "cap &lt;1&gt;" in html
