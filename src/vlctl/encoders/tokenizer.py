@@ -18,7 +18,7 @@ same call signature (texts -> LongTensor (n, context_length), pad id 0).
 from __future__ import annotations
 
 import re
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -81,11 +81,14 @@ class WordTokenizer:
                 raise VlctlError(f"WordTokenizer: vocabulary token {tok!r} contains no word")
             if words in self._token_of_words:
                 other = self.id_to_token[self._token_of_words[words]]
-                raise VlctlError(f"WordTokenizer: vocabulary tokens {other!r} and {tok!r} are the same after normalisation")
+                raise VlctlError(
+                    f"WordTokenizer: vocabulary tokens {other!r} and {tok!r} are the same after normalisation"
+                )
             self._token_of_words[words] = len(self.id_to_token)
             self.id_to_token.append(tok)
         self.token_to_id: dict[str, int] = {t: i for i, t in enumerate(self.id_to_token)}
         self._max_words = max((len(w) for w in self._token_of_words), default=1)
+        self._rows: dict[str, list[int]] = {}  # memo: text -> token row
 
     @property
     def vocab_size(self) -> int:
@@ -105,7 +108,7 @@ class WordTokenizer:
         context_length: int | None = None,
         separator: str | None = " - ",
         lowercase: bool = True,
-    ) -> "WordTokenizer":
+    ) -> WordTokenizer:
         """Build a tokenizer whose vocabulary covers `texts`.
 
         With a `separator` (default ' - ', the MAD caption format) each separated part becomes one
@@ -147,7 +150,8 @@ class WordTokenizer:
             else:
                 raise VlctlError(
                     f"tokenizer: unknown word {words[i]!r} in text {text!r} "
-                    f"(vocabulary of {len(self.vocab)} tokens: {list(self.vocab)[:30]}{' ...' if len(self.vocab) > 30 else ''})"
+                    f"(vocabulary of {len(self.vocab)} tokens: {list(self.vocab)[:30]}"
+                    f"{' ...' if len(self.vocab) > 30 else ''})"
                 )
         return ids
 
@@ -159,19 +163,23 @@ class WordTokenizer:
 
     def __call__(self, texts: str | Sequence[str]) -> torch.Tensor:
         texts = _as_text_list(texts, "tokenizer")
-        out = torch.full((len(texts), self.context_length), PAD_ID, dtype=torch.long)
-        for row, text in enumerate(texts):
-            ids = self.encode(text)
-            if len(ids) + 2 > self.context_length:
-                raise VlctlError(
-                    f"tokenizer: text {text!r} has {len(ids)} tokens, more than context_length - 2 = "
-                    f"{self.context_length - 2}; the first token past the limit is word "
-                    f"{self.id_to_token[ids[self.context_length - 2]]!r}"
-                )
-            out[row, 0] = START_ID
-            out[row, 1 : len(ids) + 1] = torch.tensor(ids, dtype=torch.long)
-            out[row, len(ids) + 1] = END_ID
-        return out
+        rows = []
+        for text in texts:
+            row = self._rows.get(text)
+            if row is None:
+                ids = self.encode(text)
+                if len(ids) + 2 > self.context_length:
+                    raise VlctlError(
+                        f"tokenizer: text {text!r} has {len(ids)} tokens, more than context_length - 2 = "
+                        f"{self.context_length - 2}; the first token past the limit is word "
+                        f"{self.id_to_token[ids[self.context_length - 2]]!r}"
+                    )
+                row = [START_ID, *ids, END_ID] + [PAD_ID] * (self.context_length - len(ids) - 2)
+                if len(self._rows) >= 100_000:  # captions repeat a lot; keep the memo bounded
+                    self._rows.clear()
+                self._rows[text] = row
+            rows.append(row)
+        return torch.tensor(rows, dtype=torch.long)
 
     def to_dict(self) -> dict:
         """What `save_pretrained` records: the full id table, so a changed tokenizer is detected."""
