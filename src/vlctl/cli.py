@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -122,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     except VlctlError as e:
         print(f"vlctl: error: {e}", file=sys.stderr)
         return 2
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # under torchrun only rank 0 reports
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2))
     elif result:

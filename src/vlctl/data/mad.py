@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gzip
 import json
 import multiprocessing
@@ -27,7 +28,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 from scipy import ndimage
-from skimage.morphology import skeletonize
+from skimage.morphology import reconstruction, skeletonize
 from skimage.transform import resize
 
 from vlctl.config import config_to_dict, opt
@@ -51,7 +52,7 @@ FORMAT_VERSION = 1
 SCALE = 4  # Morpho-MNIST's upsampling factor: the morphology runs on a 4x finer binary canvas
 CANVAS = 28 * SCALE  # all lengths below are in 28 px units and multiplied by SCALE on the canvas
 SKLEARN_TEST_FRACTION = 0.2  # of each digit's glyphs; fixed so train and test never share a glyph
-SKLEARN_BOX = 20.0  # side of the box an 8x8 glyph fills on the 28 px canvas, as MNIST's 20x20 box
+DIGIT_SIZE = 20.0  # px at 28 px: the longer side of a (large) digit's bounding box, as in MNIST
 MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
                "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 
@@ -62,7 +63,8 @@ class MadConfig:
     seed: int = opt(0, "random seed (>= 0); image i depends only on (seed, split, i)")
     split: str = opt("train", "'train' or 'test': picks the (disjoint) pool of source glyphs")
     image_size: int = opt(28, "output image side in pixels")
-    mnist_dir: Optional[str] = opt(None, "directory with MNIST IDX files (.gz ok); default: scikit-learn's 8x8 digits")
+    # Optional[...], not `str | None`: config.add_config_args only understands typing.Union
+    mnist_dir: Optional[str] = opt(None, "directory with MNIST IDX files (.gz ok); default: scikit-learn's 8x8 digits")  # noqa: UP045
     workers: int = opt(2, "worker processes (the output does not depend on it)")
     stroke_thickness: float = opt(2.5, "stroke thickness (px at 28 px) the thick 8x8 scikit-learn glyphs are redrawn with")
     thicken_amount: float = opt(0.7, "thickening grows the measured stroke thickness by this fraction")
@@ -102,14 +104,6 @@ def skeleton_and_thickness(binary: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
 # --- morphology on the binary canvas --------------------------------------------------------
 
 
-def set_thickness(binary: np.ndarray, thickness: float) -> np.ndarray:
-    """Redraw the strokes with a uniform thickness: skeletonize, then dilate by a disk.
-
-    Upsampled 8x8 glyphs are blobs 4-5 px thick; MNIST strokes are 2-3 px.
-    """
-    return ndimage.distance_transform_edt(~skeletonize(binary)) < thickness * SCALE / 2
-
-
 def thicken(binary: np.ndarray, amount: float) -> np.ndarray:
     """Dilate by a disk so the stroke grows by `amount` x its measured thickness (Morpho-MNIST)."""
     radius = amount * skeleton_and_thickness(binary)[2] * SCALE / 2
@@ -140,22 +134,26 @@ def swell(binary: np.ndarray, rng: np.random.Generator, strength: float, radius:
     return ndimage.map_coordinates(binary.astype(np.float32), src, order=1).reshape(binary.shape) >= 0.5
 
 
-def fracture(binary: np.ndarray, rng: np.random.Generator, count: int, width: float, prune: float = 2.0) -> np.ndarray:
+def fracture(binary: np.ndarray, rng: np.random.Generator, count: int, width: float,
+             prune: float = 2.0, spacing: float = 4.0) -> np.ndarray:
     """Cut the stroke across, perpendicular to the skeleton, at `count` random points (Morpho-MNIST).
 
-    Cut centres avoid the `prune` px near stroke tips and forks, where a cut would only shorten
-    a stroke or be ambiguous; each cut spans the local stroke width plus 0.5 px on either side.
+    Cut centres avoid the `prune` px near stroke tips and forks, where a cut would only shorten a
+    stroke or be ambiguous, and lie `spacing` px apart so that cuts do not merge into one; each
+    cut is `width` px wide and spans the local stroke width plus 0.5 px on either side.
     """
     skel, dist, _ = skeleton_and_thickness(binary)
     neighbours = ndimage.convolve(skel.astype(int), np.array([[1, 1, 1], [1, 0, 1], [1, 1, 1]]), mode="constant")
     ends = skel & ((neighbours == 1) | (neighbours >= 3))
     allowed = skel & (ndimage.distance_transform_edt(~ends) > prune * SCALE) if ends.any() else skel
     points = np.argwhere(allowed if allowed.any() else skel)  # fall back when pruning ate the skeleton
-    if len(points) == 0:
-        return binary
     grid = np.indices(binary.shape, dtype=float)
     out = binary.copy()
-    for centre in points[rng.choice(len(points), size=min(count, len(points)), replace=False)]:
+    for _ in range(count):
+        if len(points) == 0:
+            break
+        centre = points[rng.integers(len(points))]
+        points = points[np.hypot(*(points - centre).T) > spacing * SCALE]
         tangent = _skeleton_direction(skel, centre, 2 * SCALE)
         offset = grid - centre[:, None, None]
         along = tangent[0] * offset[0] + tangent[1] * offset[1]
@@ -176,21 +174,24 @@ def _skeleton_direction(skel: np.ndarray, centre: np.ndarray, r: int) -> np.ndar
 # --- drawing a glyph -------------------------------------------------------------------------
 
 
-def draw_glyph(glyph: np.ndarray, box: float, rng: np.random.Generator) -> np.ndarray:
+def draw_glyph(glyph: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Warp a grayscale glyph (values in [0, 1]) onto the binary canvas with random jitter.
 
-    The glyph fills a `box` px square (28 px units) centred on the canvas, moved by a small random
-    affine map (rotation, shear, anisotropic scale, translation) and a smooth elastic field, so no
-    two images of the same glyph coincide. Cubic interpolation, then binarized at 0.5.
+    As in MNIST, the longer side of the glyph's bounding box spans DIGIT_SIZE px, centred on the
+    canvas (so 'large' and 'small' differ in size by the attribute, not by the source glyph); a
+    small random affine map (rotation, shear, scale, translation) and a smooth elastic field make
+    every image of a glyph different. Cubic interpolation, then binarized at 0.5.
     """
+    rows, cols = np.nonzero(glyph >= 0.5)
+    centre = np.array([[rows.min() + rows.max()], [cols.min() + cols.max()]]) / 2
+    pixel = (max(np.ptp(rows), np.ptp(cols)) + 1) / DIGIT_SIZE  # glyph pixels per 28 px unit
     angle, shear = rng.uniform(-0.2, 0.2), rng.uniform(-0.25, 0.25)
     rot = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
-    affine = rot @ np.array([[1.0, 0.0], [shear, 1.0]]) @ np.diag(rng.uniform(0.9, 1.1, 2))
+    affine = rot @ np.array([[1.0, 0.0], [shear, 1.0]]) @ np.diag(rng.uniform(0.93, 1.07, 2))
     # canvas pixel -> centred 28 px coordinates -> undo jitter -> glyph pixel coordinates
     pos = (np.indices((CANVAS, CANVAS), dtype=float).reshape(2, -1) - (CANVAS - 1) / 2) / SCALE
     pos = pos - rng.uniform(-1.5, 1.5, (2, 1)) + _elastic_field(rng, amplitude=0.6)
-    k = glyph.shape[0]
-    src = np.linalg.solve(affine, pos) * (k / box) + (k - 1) / 2
+    src = np.linalg.inv(affine) @ pos * pixel + centre
     pad = 2  # zero border so the cubic spline fades to background outside the glyph
     img = ndimage.map_coordinates(np.pad(glyph, pad), src + pad, order=3, mode="constant")
     return img.reshape(CANVAS, CANVAS) >= 0.5
@@ -202,7 +203,7 @@ def _elastic_field(rng: np.random.Generator, amplitude: float, knots: int = 4) -
     basis = np.exp(-0.5 * ((x - np.linspace(0, 1, knots)[None]) * knots) ** 2)  # (CANVAS, knots)
     basis /= basis.sum(1, keepdims=True)
     coef = rng.normal(0, amplitude, (2, knots, knots))
-    return np.einsum("ik,ckl,jl->cij", basis, coef, basis).reshape(2, -1)
+    return (basis @ coef @ basis.T).reshape(2, -1)
 
 
 def shrink(img: np.ndarray, factor: float, rng: np.random.Generator) -> np.ndarray:
@@ -221,11 +222,9 @@ def tint(v: np.ndarray, color: str) -> np.ndarray:
     return np.round(255 * np.clip(rgb, 0, 1)).astype(np.uint8)
 
 
-def render(glyph: np.ndarray, box: float, attrs: dict, rng: np.random.Generator, cfg: MadConfig, restroke: bool) -> np.ndarray:
+def render(glyph: np.ndarray, attrs: dict, rng: np.random.Generator, cfg: MadConfig) -> np.ndarray:
     """One MAD image (H, W, 3) uint8 from a source glyph and its attribute values."""
-    binary = draw_glyph(glyph, box, rng)
-    if restroke:
-        binary = set_thickness(binary, cfg.stroke_thickness)
+    binary = draw_glyph(glyph, rng)
     if attrs["thickthinning"] == "thickening":
         binary = thicken(binary, cfg.thicken_amount)
     elif attrs["thickthinning"] == "thinning":
@@ -245,11 +244,39 @@ def render(glyph: np.ndarray, box: float, attrs: dict, rng: np.random.Generator,
 
 
 class Glyphs(NamedTuple):
-    images: np.ndarray  # (K, h, w) float32 in [0, 1]
+    images: np.ndarray  # (K, h, w) uint8 grayscale, white on black
     ids: np.ndarray  # (K,) id of each glyph in its source (row of load_digits / of the IDX file)
     by_digit: list[np.ndarray]  # positions into `images` of each digit 0..9
-    box: float  # side (28 px units) of the square the glyph image fills
-    restroke: bool  # redraw strokes at cfg.stroke_thickness (the thick 8x8 glyphs)
+
+
+def _glyphs(images: np.ndarray, labels: np.ndarray, ids: np.ndarray, source: str) -> Glyphs:
+    by_digit = [np.flatnonzero(labels == d) for d in range(10)]
+    missing = [d for d in range(10) if len(by_digit[d]) == 0]
+    if missing:
+        raise VlctlError(f"{source}: no glyphs of digit(s) {missing}")
+    return Glyphs(images, ids, by_digit)
+
+
+def sklearn_glyph(glyph: np.ndarray, thickness: float, depth: float = 0.05) -> np.ndarray:
+    """An 8x8 glyph (values in [0, 1]) redrawn 4x finer with MNIST-like strokes `thickness` px thick.
+
+    Upsampled 8x8 digits are blobs 4-6 px thick, so the blob is skeletonized and the skeleton
+    redrawn as a smooth stroke, sized so that it is `thickness` px thick once draw_glyph scales
+    the digit to DIGIT_SIZE. Before that, the loops are cut open: at 8x8 the hole of a 6, 8, 9 or
+    0 is often one pixel that is darker than the stroke around it but far from black, so a plain
+    threshold fills it; enclosed dark basins deeper than `depth` (grayscale hole filling by
+    morphological reconstruction) count as background.
+    """
+    padded = np.pad(glyph, 1)
+    pos = (np.arange(4 * padded.shape[0]) + 0.5) / 4 - 0.5  # pixel centres of the finer grid
+    img = ndimage.map_coordinates(padded, np.meshgrid(pos, pos, indexing="ij"), order=3, mode="constant")
+    seed = img.copy()
+    seed[1:-1, 1:-1] = img.max()  # flood from the (background) border inwards
+    holes = reconstruction(seed, img, method="erosion") - img > depth
+    skel = skeletonize((img >= 0.5) & ~holes)
+    rows, cols = np.nonzero(skel)
+    radius = thickness / 2 * max(np.ptp(rows), np.ptp(cols)) / (DIGIT_SIZE - thickness)  # in fine pixels
+    return np.clip(radius + 0.5 - ndimage.distance_transform_edt(~skel), 0, 1)  # 0.5 at the stroke edge
 
 
 def sklearn_split(split: str) -> np.ndarray:
@@ -264,6 +291,17 @@ def sklearn_split(split: str) -> np.ndarray:
         n_test = round(len(idx) * SKLEARN_TEST_FRACTION)
         ids.append(idx[:n_test] if split == "test" else idx[n_test:])
     return np.sort(np.concatenate(ids))
+
+
+@functools.lru_cache(maxsize=4)
+def sklearn_glyphs(split: str, thickness: float) -> Glyphs:
+    """The scikit-learn digit glyphs of `split`, prepared once per process (about 2 s)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    ids = sklearn_split(split)
+    images = np.stack([np.round(255 * sklearn_glyph(g / 16.0, thickness)).astype(np.uint8) for g in digits.images[ids]])
+    return _glyphs(images, digits.target[ids], ids, "sklearn digits")
 
 
 def read_idx(path: Path, ndim: int) -> np.ndarray:
@@ -281,34 +319,26 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
     return np.frombuffer(body, dtype=np.uint8).reshape(shape)
 
 
-def _find_idx(directory: Path, name: str) -> Path:
-    for candidate in (directory / name, directory / (name + ".gz")):
-        if candidate.is_file():
-            return candidate
-    raise VlctlError(f"{directory / name}: MNIST IDX file not found (nor {name}.gz)")
+def mnist_glyphs(directory: Path, split: str) -> Glyphs:
+    """MNIST digits of `split` from IDX files (train-* for train, t10k-* for test; .gz accepted)."""
+    files = []
+    for name in MNIST_FILES[split]:
+        found = [f for f in (directory / name, directory / (name + ".gz")) if f.is_file()]
+        if not found:
+            raise VlctlError(f"{directory / name}: MNIST IDX file not found (nor {name}.gz)")
+        files.append(found[0])
+    images, labels = read_idx(files[0], 3), read_idx(files[1], 1)
+    if len(images) != len(labels) or labels.max(initial=0) > 9:
+        raise VlctlError(f"{files[1]}: {len(labels)} labels (max {labels.max(initial=0)}) do not fit "
+                         f"{len(images)} images of digits 0-9 in {files[0].name}")
+    return _glyphs(images, labels, np.arange(len(images)), str(directory))
 
 
 def load_glyphs(cfg: MadConfig) -> Glyphs:
     """The source glyphs of cfg.split: MNIST IDX files if cfg.mnist_dir is set, else scikit-learn's digits."""
     if cfg.mnist_dir is None:
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()
-        ids = sklearn_split(cfg.split)
-        images, labels, box, restroke = digits.images[ids] / 16.0, digits.target[ids], SKLEARN_BOX, True
-    else:
-        directory = Path(cfg.mnist_dir)
-        image_name, label_name = MNIST_FILES[cfg.split]
-        image_file, label_file = _find_idx(directory, image_name), _find_idx(directory, label_name)
-        images, labels = read_idx(image_file, 3) / 255.0, read_idx(label_file, 1)
-        if len(images) != len(labels) or labels.max(initial=0) > 9:
-            raise VlctlError(f"{label_file}: {len(labels)} labels (max {labels.max(initial=0)}) do not fit {len(images)} images of digits 0-9")
-        ids, box, restroke = np.arange(len(images)), 28.0, False
-    by_digit = [np.flatnonzero(labels == d) for d in range(10)]
-    missing = [d for d in range(10) if len(by_digit[d]) == 0]
-    if missing:
-        raise VlctlError(f"{cfg.mnist_dir}: no {cfg.split} glyphs of digit(s) {missing}")
-    return Glyphs(images.astype(np.float32), ids, by_digit, box, restroke)
+        return sklearn_glyphs(cfg.split, cfg.stroke_thickness)
+    return mnist_glyphs(Path(cfg.mnist_dir), cfg.split)
 
 
 # --- sampling --------------------------------------------------------------------------------
@@ -328,7 +358,7 @@ def make_sample(i: int, cfg: MadConfig, glyphs: Glyphs) -> tuple[np.ndarray, dic
     pool = glyphs.by_digit[int(attrs["digit"])]
     g = pool[rng.integers(len(pool))]
     text = caption(attrs, rng)
-    image = render(glyphs.images[g], glyphs.box, attrs, rng, cfg, glyphs.restroke)
+    image = render(glyphs.images[g] / 255.0, attrs, rng, cfg)
     return image, {**attrs, "digit": int(attrs["digit"]), "caption": text, "glyph": int(glyphs.ids[g])}
 
 
@@ -337,12 +367,12 @@ def make_range(bounds: tuple[int, int], cfg: MadConfig, glyphs: Glyphs) -> tuple
     return np.stack([s[0] for s in samples]), [s[1] for s in samples]
 
 
-_worker: tuple[MadConfig, Glyphs] | None = None  # each worker process loads its glyphs once
+_worker: tuple[MadConfig, Glyphs] | None = None  # set once in each worker process
 
 
-def _init_worker(cfg: MadConfig) -> None:
+def _init_worker(cfg: MadConfig, glyphs: Glyphs) -> None:
     global _worker
-    _worker = (cfg, load_glyphs(cfg))
+    _worker = (cfg, glyphs)
 
 
 def _worker_range(bounds: tuple[int, int]) -> tuple[np.ndarray, list[dict]]:
@@ -361,8 +391,10 @@ def generate_mad(cfg: MadConfig, out: str | Path) -> Path:
         if cfg.workers == 1:
             results = (make_range(b, cfg, glyphs) for b in bounds)
         else:
-            # spawn, not fork: the caller may hold torch / BLAS threads that a fork would copy mid-lock
-            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(cfg.workers, _init_worker, (cfg,)))
+            # fork where available: workers start at once and callers need no `if __name__ == "__main__"`
+            # guard; the workers only run numpy / scipy / scikit-image code, which is fork-safe
+            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+            pool = stack.enter_context(ctx.Pool(cfg.workers, _init_worker, (cfg, glyphs)))
             results = pool.imap(_worker_range, bounds)
         labels: list[dict] = []
         for (start, stop), (imgs, labs) in zip(bounds, results):
@@ -380,3 +412,75 @@ def generate_mad(cfg: MadConfig, out: str | Path) -> Path:
             "sha256": {"images.npy": sha256_file(tmp / "images.npy"), "labels.jsonl": sha256_file(tmp / "labels.jsonl")},
         })
     return out
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def load_mad(path: str | Path, verify: bool = False) -> dict:
+    """Load a MAD directory: {"images": (N, H, W, 3) uint8 read-only memmap, "labels", "meta", "path"}.
+
+    Checks the counts, the image shape and dtype and every label value; `verify=True` also
+    re-hashes the files against meta.json (a full read of the images).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise VlctlError(f"{path}: MAD directory not found")
+    meta = read_json(path / "meta.json", "MAD meta.json")
+    if not isinstance(meta, dict) or not {"n", "image_shape", "sha256"} <= set(meta):
+        raise VlctlError(f"{path / 'meta.json'}: not a MAD meta file (needs n, image_shape, sha256)")
+    image_file, label_file = path / "images.npy", path / "labels.jsonl"
+    for f in (image_file, label_file):
+        if not f.is_file():
+            raise VlctlError(f"{f}: file not found")
+    try:
+        images = np.load(image_file, mmap_mode="r")
+    except (ValueError, OSError, EOFError) as e:
+        raise VlctlError(f"{image_file}: corrupt .npy file ({e})") from None
+    if images.dtype != np.uint8 or images.ndim != 4 or list(images.shape[1:]) != list(meta["image_shape"]):
+        raise VlctlError(f"{image_file}: expected uint8 images of shape (N, {', '.join(map(str, meta['image_shape']))}), "
+                         f"got {images.dtype} {images.shape}")
+    labels = []
+    with open(label_file, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            try:
+                label = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise VlctlError(f"{label_file}: line {lineno}: corrupt JSON ({e})") from None
+            _check_label(label, f"{label_file}: line {lineno}")
+            labels.append(label)
+    if not len(images) == len(labels) == meta["n"]:
+        raise VlctlError(f"{path}: count mismatch: {len(images)} images in images.npy, {len(labels)} labels in "
+                         f"labels.jsonl, n={meta['n']} in meta.json")
+    if verify:
+        for f in (image_file, label_file):
+            if sha256_file(f) != meta["sha256"].get(f.name):
+                raise VlctlError(f"{f}: sha256 does not match meta.json (file changed since it was generated)")
+    return {"images": images, "labels": labels, "meta": meta, "path": path}
+
+
+def _check_label(label: object, where: str) -> None:
+    if not isinstance(label, dict):
+        raise VlctlError(f"{where}: expected a JSON object, got {type(label).__name__}")
+    for c in (*CATEGORIES, "caption"):
+        if c not in label:
+            raise VlctlError(f"{where}: missing field {c!r}")
+    if not isinstance(label["caption"], str):
+        raise VlctlError(f"{where}: field 'caption' must be a string, got {label['caption']!r}")
+    digit = label["digit"]
+    if not (isinstance(digit, int) and not isinstance(digit, bool) and 0 <= digit <= 9):
+        raise VlctlError(f"{where}: field 'digit' has unknown value {digit!r} (expected an int 0-9)")
+    for c in CATEGORIES[1:]:
+        if label[c] not in VALUES[c]:
+            raise VlctlError(f"{where}: field {c!r} has unknown value {label[c]!r} (expected one of {list(VALUES[c])})")
+
+
+def mad_dataset_id(path: str | Path) -> str:
+    """A stable id of a MAD directory's content (from the hashes in meta.json), for cache keys."""
+    meta = read_json(Path(path) / "meta.json", "MAD meta.json")
+    try:
+        key = {"format_version": meta["format_version"], "images": meta["sha256"]["images.npy"],
+               "labels": meta["sha256"]["labels.jsonl"]}
+    except (KeyError, TypeError):
+        raise VlctlError(f"{Path(path) / 'meta.json'}: no format_version / sha256 entries to identify the data") from None
+    return "mad-" + sha256_json(key)[:16]

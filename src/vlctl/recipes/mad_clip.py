@@ -150,7 +150,7 @@ def _figures(out: Path, test_dir: Path, cos: np.ndarray, zero_shot: dict) -> Non
     plt.close(fig)
 
     data = load_mad(test_dir)
-    fig, axes = plt.subplots(3, 8, figsize=(12, 5.6))
+    fig, axes = plt.subplots(3, 8, figsize=(12, 6.6))
     for ax, i in zip(axes.flat, range(24)):
         ax.imshow(data["images"][i])
         ax.set_title(data["labels"][i]["caption"].replace(" - ", "\n"), fontsize=6)
