@@ -1,12 +1,19 @@
 import argparse
 import dataclasses
-import json
 import subprocess
 import sys
 
 import pytest
 
-from vlctl.config import add_config_args, config_from_args, config_from_dict, config_to_dict, config_to_flags, load_config, opt
+from vlctl.config import (
+    add_config_args,
+    config_from_args,
+    config_from_dict,
+    config_to_dict,
+    config_to_flags,
+    load_config,
+    opt,
+)
 from vlctl.io import VlctlError, atomic_dir, atomic_write_json, sha256_json
 
 
@@ -37,16 +44,14 @@ def test_config_from_dict_refuses_unknown_fields(tmp_path):
 
 def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
     target = tmp_path / "out"
-    with pytest.raises(RuntimeError):
-        with atomic_dir(target) as tmp:
-            (tmp / "half").write_text("x")
-            raise RuntimeError("crash")
+    with pytest.raises(RuntimeError), atomic_dir(target) as tmp:
+        (tmp / "half").write_text("x")
+        raise RuntimeError("crash")
     assert not target.exists() and list(tmp_path.iterdir()) == []
     with atomic_dir(target) as tmp:
         (tmp / "a").write_text("1")
-    with pytest.raises(RuntimeError):
-        with atomic_dir(target) as tmp:
-            raise RuntimeError("crash")
+    with pytest.raises(RuntimeError), atomic_dir(target) as tmp:
+        raise RuntimeError("crash")
     assert (target / "a").read_text() == "1"  # the previous version survives a failed rewrite
 
 
@@ -60,7 +65,7 @@ def test_sha256_json_is_key_order_independent():
     [[], ["data", "mad"], ["train", "clip"], ["embed"], ["reproduce"]],
 )
 def test_every_subcommand_has_help(argv):
-    r = subprocess.run([sys.executable, "-m", "vlctl", *argv, "--help"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "vlctl", *argv, "--help"], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
     assert "usage: vlctl" in r.stdout
 
@@ -68,7 +73,7 @@ def test_every_subcommand_has_help(argv):
 def test_cli_error_is_one_line_naming_the_file(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "vlctl", "train", "clip", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o")],
-        capture_output=True, text=True,
+        capture_output=True, text=True, check=False,
     )
     assert r.returncode == 2
     assert r.stderr.startswith("vlctl: error:") and "nope" in r.stderr and "Traceback" not in r.stderr

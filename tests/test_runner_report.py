@@ -34,7 +34,6 @@ def test_failed_stage_is_not_marked_done_and_resumable_stage_resumes(tmp_path):
 
     with pytest.raises(RuntimeError):
         Runner(tmp_path).stage("train", {"k": 1}, flaky, resumable=True)
-    assert not any(p.name.endswith(("-" + "x")) for p in (tmp_path / "stages").iterdir())
     assert all(p.name.endswith(".partial") for p in (tmp_path / "stages").iterdir())
     d = Runner(tmp_path).stage("train", {"k": 1}, flaky, resumable=True)
     assert seen == [False, True] and (d / "done.json").is_file()

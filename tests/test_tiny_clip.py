@@ -253,6 +253,20 @@ def test_attention_tensors_receive_gradients():
         assert g[0].abs().sum() == 0  # the others' don't
 
 
+def test_hybrid_stem_tokens_and_attention_gradients():
+    m = small_model(stem_channels=(4, 8), patch_size=1)  # 8 px -> 2 x 2 feature map -> 4 tokens
+    assert m.config.n_patches == 4
+    m.record_attention = True
+    img, txt, _ = m(rand_images(2), CAPS[:2])
+    atts = [b.attn_probs for b in m.visual.blocks]
+    assert atts[0].shape == (2, 2, 5, 5)
+    *grads, stem_grad = torch.autograd.grad((img[0] * txt[0]).sum(), [*atts, m.visual.stem[0].weight])
+    assert all(g[0].abs().sum() > 0 for g in grads)
+    assert stem_grad.abs().sum() > 0
+    with pytest.raises(VlctlError, match="downsampling"):
+        TinyCLIPConfig(**{**SMALL, "stem_channels": (4, 8, 16), "patch_size": 2})
+
+
 def test_encoder_protocol_and_vision_attentions_with_frozen_weights():
     m = small_model()
     enc = TinyCLIPEncoder(m, batch_size=2)

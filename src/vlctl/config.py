@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,7 +52,7 @@ def load_config(cls: type[T], path: str | Path) -> T:
 
 def _flag_type(tp: Any):
     origin = typing.get_origin(tp)
-    if origin is typing.Union:
+    if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return _flag_type(args[0])
     if origin in (tuple, list):

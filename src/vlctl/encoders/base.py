@@ -6,7 +6,8 @@ indexes only ever talk to an Encoder, so they run unchanged on any of them.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch

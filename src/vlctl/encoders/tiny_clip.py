@@ -97,6 +97,12 @@ class TinyCLIPConfig:
     name: str = opt("tinyclip", "architecture name; part of the encoder id")
     image_size: int = opt(28, "input image side S in pixels (images are S x S x 3)")
     patch_size: int = opt(7, "ViT patch side; image_size must be a multiple of it")
+    stem_channels: tuple[int, ...] = opt(
+        (),
+        "convolutional stem before the patchify conv (a hybrid ViT, as in Dosovitskiy et al. 2021 and "
+        "'early convolutions', Xiao et al. 2021): one stage per entry, conv3x3 -> GELU -> 2x2 max-pool, "
+        "halving the resolution; () = a plain ViT. Tokens are patches of the stem's feature map.",
+    )
     vision_width: int = opt(96, "ViT width (token dimension)")
     vision_layers: int = opt(4, "number of ViT transformer blocks")
     vision_heads: int = opt(4, "ViT attention heads; must divide vision_width")
@@ -131,8 +137,15 @@ class TinyCLIPConfig:
         ):
             if not isinstance(getattr(self, f), int) or getattr(self, f) <= 0:
                 bad(f"{f} must be a positive integer, got {getattr(self, f)!r}")
-        if self.image_size % self.patch_size:
-            bad(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        if not isinstance(self.stem_channels, tuple):
+            object.__setattr__(self, "stem_channels", tuple(self.stem_channels))
+        if not all(isinstance(c, int) and c > 0 for c in self.stem_channels):
+            bad(f"stem_channels must be positive integers, got {self.stem_channels!r}")
+        if self.image_size % (self.patch_size * 2 ** len(self.stem_channels)):
+            bad(
+                f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size} "
+                f"x the stem's downsampling {2 ** len(self.stem_channels)}"
+            )
         if self.vision_width % self.vision_heads:
             bad(f"vision_heads {self.vision_heads} does not divide vision_width {self.vision_width}")
         if self.text_tower not in ("transformer", "minilm"):
@@ -152,7 +165,7 @@ class TinyCLIPConfig:
 
     @property
     def n_patches(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
+        return (self.image_size // 2 ** len(self.stem_channels) // self.patch_size) ** 2
 
 
 def list_configs() -> list[str]:
@@ -342,7 +355,15 @@ class VisionTransformer(nn.Module):
         super().__init__()
         w = cfg.vision_width
         self.patch_size = cfg.patch_size
-        self.conv1 = nn.Conv2d(3, w, kernel_size=cfg.patch_size, stride=cfg.patch_size, bias=False)
+        # Convolutions give the tokens local shape features (strokes, loops) that a linear patch
+        # embedding must otherwise learn through attention; on small data this is the difference
+        # between learning digit identity in minutes and not at all (measured on MAD).
+        stages, c_in = [], 3
+        for c in cfg.stem_channels:
+            stages += [nn.Conv2d(c_in, c, 3, padding=1), nn.GELU(), nn.MaxPool2d(2)]
+            c_in = c
+        self.stem = nn.Sequential(*stages)
+        self.conv1 = nn.Conv2d(c_in, w, kernel_size=cfg.patch_size, stride=cfg.patch_size, bias=False)
         self.class_embedding = nn.Parameter(torch.randn(w) * w**-0.5)
         self.positional_embedding = nn.Parameter(torch.randn(cfg.n_patches + 1, w) * 0.01)
         self.ln_pre = nn.LayerNorm(w)
@@ -353,7 +374,7 @@ class VisionTransformer(nn.Module):
         nn.init.normal_(self.proj.weight, std=w**-0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.conv1(x).flatten(2).transpose(1, 2)  # (n, patches, w)
+        x = self.conv1(self.stem(x)).flatten(2).transpose(1, 2)  # (n, patches, w)
         cls = self.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)
         x = torch.cat([cls, x], dim=1) + self.positional_embedding.to(x.dtype)
         x = self.ln_pre(x)

@@ -3,8 +3,8 @@ evaluate -> report) with cached stages. `vlctl reproduce NAME [--quick] --out DI
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from vlctl.io import VlctlError
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from vlctl.io import atomic_write_json, read_json, sha256_json
 

@@ -7,9 +7,10 @@ as results.json beside it, so the report never shows a number that is not in the
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from vlctl.io import atomic_write_text
 
@@ -21,6 +22,14 @@ def fmt(v: Any, digits: int = 1) -> str:
     if isinstance(v, float):
         return f"{v:.{digits}f}"
     return str(v)
+
+
+_STYLE = (
+    "<style>body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
+    "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.25em .6em;"
+    "text-align:right}th{background:#f3f3f3}td:first-child{text-align:left}img{max-width:100%}"
+    "figcaption{color:#555;font-style:italic}</style></head><body>"
+)
 
 
 @dataclass
@@ -63,10 +72,7 @@ class Report:
         out = [
             "<!doctype html><html><head><meta charset='utf-8'>",
             f"<title>{e(self.title)}</title>",
-            "<style>body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
-            "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.25em .6em;"
-            "text-align:right}th{background:#f3f3f3}td:first-child{text-align:left}img{max-width:100%}"
-            "figcaption{color:#555;font-style:italic}</style></head><body>",
+            _STYLE,
             f"<h1>{e(self.title)}</h1>",
         ]
         for kind, b in self.blocks:

@@ -16,7 +16,7 @@ import torch
 from vlctl.config import config_to_dict, opt
 from vlctl.encoders import tiny_clip
 from vlctl.io import VlctlError
-from vlctl.train.loop import LoopConfig, TrainResult, train
+from vlctl.train.loop import LoopConfig, TrainResult, default_param_groups, sample_rng, train
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,8 +29,8 @@ class ClipTrainConfig:
 def train_clip(
     data_dir: str | Path,
     out_dir: str | Path,
-    cfg: ClipTrainConfig = ClipTrainConfig(),
-    loop: LoopConfig = LoopConfig(),
+    cfg: ClipTrainConfig | None = None,
+    loop: LoopConfig | None = None,
     resume: bool = False,
 ) -> TrainResult:
     """Train a TinyCLIP on the captioned images of `data_dir` (a MAD-format directory).
@@ -38,8 +38,9 @@ def train_clip(
     Writes `out_dir/checkpoint/` (loop checkpoints) and `out_dir/model/` (TinyCLIP
     `save_pretrained`, loadable with `vlctl.encoders.load_encoder`).
     """
-    from vlctl.data.mad import load_mad
+    from vlctl.data.mad import load_mad, mad_dataset_id
 
+    cfg, loop = cfg or ClipTrainConfig(), loop or LoopConfig()
     data = load_mad(data_dir)
     images = data["images"]
     captions = [lab["caption"] for lab in data["labels"]]
@@ -58,7 +59,7 @@ def train_clip(
             # rank split and after a resume.
             batch = batch.copy()
             for row, i in enumerate(indices):
-                dy, dx = np.random.default_rng([loop.seed, epoch, int(i)]).integers(-s, s + 1, size=2)
+                dy, dx = sample_rng(loop.seed, epoch, i).integers(-s, s + 1, size=2)
                 # The background is black, so rolling is a translation while the digit stays
                 # away from the border (MAD digits sit well inside the frame).
                 batch[row] = np.roll(batch[row], (int(dy), int(dx)), axis=(0, 1))
@@ -72,16 +73,11 @@ def train_clip(
         loss = tiny_clip.clip_loss(img, txt, scale)
         return loss, {"temp": float(1.0 / scale.detach())}
 
-    scale_params = [model.logit_scale]
-    other = [p for name, p in model.named_parameters() if p.requires_grad and name != "logit_scale"]
-    decay = [p for p in other if p.ndim >= 2]
-    no_decay = [p for p in other if p.ndim < 2]
-    groups = [
-        {"params": decay, "lr": loop.lr, "weight_decay": loop.weight_decay},
-        {"params": no_decay, "lr": loop.lr, "weight_decay": 0.0},
-        {"params": scale_params, "lr": cfg.temperature_lr, "weight_decay": 0.0},
-    ]
-    run_config = {"clip": config_to_dict(cfg), "model": config_to_dict(model.config), "data": str(data["meta"].get("sha256", data["meta"]))}
+    # The temperature gets its own group and lr; everything else keeps the loop's default groups.
+    others = torch.nn.ModuleDict({"visual": model.visual, "text": model.text})
+    groups = [{**g, "lr": loop.lr} for g in default_param_groups(others, loop.weight_decay)]
+    groups.append({"params": [model.logit_scale], "lr": cfg.temperature_lr, "weight_decay": 0.0})
+    run_config = {"clip": config_to_dict(cfg), "model": config_to_dict(model.config), "data": mad_dataset_id(data_dir)}
     result = train(
         model,
         n_samples=n,
