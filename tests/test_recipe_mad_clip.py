@@ -30,6 +30,7 @@ def test_outputs_and_numbers_recompute_from_arrays(tiny_run):
     for c in CATEGORIES:
         assert z[f"text_{c}"].shape == (len(VALUES[c]), 32) and z[f"label_{c}"].shape == (128,)
         assert metrics.zero_shot_accuracy(z["image_emb"], z[f"text_{c}"], z[f"label_{c}"]) == r["zero_shot"][c]
+        assert metrics.zero_shot_accuracy(z["image_emb"], z[f"word_{c}"], z[f"label_{c}"]) == r["zero_shot_word"][c]
     ret = np.load(tiny_run / "arrays" / "retrieval.npz")
     scores = ret["image_emb"] @ ret["text_emb"].T
     assert metrics.recall_at_k(scores, np.arange(128)) == r["retrieval_instance"]
@@ -59,6 +60,22 @@ def test_caption_relevance_definition():
     rel = caption_relevance(image_values(labels), caption_values(labels))
     # image 0 fits caption 1 (which does not name the color); image 1 is blue, not red.
     assert rel.tolist() == [[True, True], [False, True]]
+
+
+def test_prompt_captions_name_the_value_like_real_captions():
+    from vlctl.data.mad import prompt_captions
+
+    for c in CATEGORIES:
+        for v in VALUES[c]:
+            caps = prompt_captions(c, v, 20)
+            for cap in caps:
+                parts = cap.split(" - ")
+                assert len(parts) == 4 and v in parts
+                assert sum(p in VALUES["digit"] for p in parts) == 1
+                assert len({cat for cat in CATEGORIES for p in parts if p in VALUES[cat]}) == 4
+            assert len(set(caps)) > 5 and caps == prompt_captions(c, v, 20)
+    with pytest.raises(VlctlError, match="purple"):
+        prompt_captions("color", "purple", 3)
 
 
 def test_presets_load_and_bad_preset_field_is_refused(tmp_path):

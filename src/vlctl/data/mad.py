@@ -351,6 +351,28 @@ def caption(attrs: dict, rng: np.random.Generator) -> str:
     return " - ".join(parts[k] for k in rng.permutation(len(parts)))
 
 
+def prompt_captions(category: str, value: str, n: int, seed: int = 0) -> list[str]:
+    """`n` MAD-style captions that name `value` of `category`, the rest drawn at random: a
+    text-only prompt ensemble (like CLIP's prompt templates) for zero-shot classification.
+
+    Each caption is distributed as a real MAD caption conditioned on naming `value`: the digit
+    always appears; a non-digit category is one of the 3 named among the other 5.
+    """
+    if value not in VALUES.get(category, ()):
+        raise VlctlError(f"prompt_captions: {value!r} is not a value of category {category!r}")
+    rng = np.random.default_rng([seed, CATEGORIES.index(category), VALUES[category].index(value)])
+    others = [c for c in CATEGORIES if c != "digit"]
+    out = []
+    for _ in range(n):
+        attrs = {c: VALUES[c][rng.integers(len(VALUES[c]))] for c in CATEGORIES}
+        attrs[category] = value
+        pool = [c for c in others if c != category]
+        named = list(rng.choice(pool, size=3 if category == "digit" else 2, replace=False))
+        parts = [attrs["digit"]] + [attrs[c] for c in named] + ([value] if category != "digit" else [])
+        out.append(" - ".join(parts[k] for k in rng.permutation(len(parts))))
+    return out
+
+
 def make_sample(i: int, cfg: MadConfig, glyphs: Glyphs) -> tuple[np.ndarray, dict]:
     """Image i and its label, from an RNG that depends only on (seed, split, i)."""
     rng = np.random.default_rng([cfg.seed, SPLITS.index(cfg.split), i])
