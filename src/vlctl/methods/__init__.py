@@ -1,0 +1,1 @@
+"""The three methods (TEVI, ControlEmbed, 3VL) and the sparse autoencoder TEVI edits through."""

@@ -1,0 +1,461 @@
+"""TopK sparse autoencoder over image embeddings (TEVI §1.1, CG-SAE §1.2).
+
+Follows OpenAI's `sparse_autoencoder/model.py` (Gao et al. 2025, "Scaling and evaluating sparse
+autoencoders"):
+
+    pre  = W_E^T (x - b_pre) + b_E                    (d1,)   pre-activations
+    z    = ReLU(TopK(pre))                             (d1,)   at most k nonzeros
+    x~   = W_D^T z + b_pre                             (d,)
+
+W_E is (d, d1), W_D is (d1, d) with unit-norm rows (one latent direction per row). W_E starts as
+W_D^T. Training keeps the decoder rows on the unit sphere: the gradient component parallel to
+each row is removed before the optimizer step and the rows are renormalised after it.
+
+Loss = normalised MSE + aux_coef * AuxK, where AuxK reconstructs the (detached) residual x - x~
+from the top aux_k *dead* latents, so dead latents get a gradient towards useful directions.
+
+CG-SAE (`concepts_fixed=True`): d1 = number of concepts, W_D fixed to the normalised concept text
+embeddings (a buffer, never trained), b_pre fixed after its initialisation; only W_E and b_E train.
+
+`SparseAutoencoder` is the scikit-learn style estimator around the `TopKSAE` module: `fit` runs
+the project's training loop (`vlctl.train.loop.train`), `save`/`load` write a directory with
+`sae.safetensors` + `config.json` that records which encoder's embeddings the SAE was fitted on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlctl.config import config_from_dict, config_to_dict, opt
+from vlctl.io import VlctlError, atomic_dir, atomic_save_safetensors, atomic_write_json, read_json
+
+WEIGHTS_FILE = "sae.safetensors"
+CONFIG_FILE = "config.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class TopKSAEConfig:
+    d: int = opt(512, "input (embedding) dimension")
+    expansion: int = opt(32, "d_latent = expansion * d when d_latent is not given")
+    d_latent: int | None = opt(None, "number of latents d1 (overrides expansion)")
+    k: int = opt(128, "active latents per input (TopK)")
+    aux_k: int = opt(256, "dead latents used by the AuxK loss")
+    aux_coef: float = opt(1 / 32, "weight of the AuxK loss")
+    dead_after: int = opt(200_000, "a latent not fired for this many training samples is dead")
+    init_b_pre: str = opt("geometric_median", "b_pre init from the data: geometric_median | mean | zeros")
+    concepts_fixed: bool = opt(False, "CG-SAE: decoder rows fixed to concept text embeddings, only the encoder trains")
+
+    @property
+    def n_latents(self) -> int:
+        return self.d_latent if self.d_latent is not None else self.expansion * self.d
+
+    def __post_init__(self):
+        if self.init_b_pre not in ("geometric_median", "mean", "zeros"):
+            raise VlctlError(f"init_b_pre must be geometric_median, mean or zeros, got {self.init_b_pre!r}")
+        if not 1 <= self.k <= self.n_latents:
+            raise VlctlError(f"k={self.k} must be in [1, d_latent={self.n_latents}]")
+        if self.aux_k < 0 or self.dead_after < 0:
+            raise VlctlError(f"aux_k ({self.aux_k}) and dead_after ({self.dead_after}) must be >= 0")
+
+
+# --- metrics -----------------------------------------------------------------------------------
+
+
+def fraction_variance_unexplained(x: Any, x_hat: Any) -> float:
+    """FVU = sum_i ||x_i - x^_i||^2 / sum_i ||x_i - mean(x)||^2 over the rows of x (n, d).
+
+    0 is a perfect reconstruction; 1 is as good as predicting the mean embedding for every input.
+    """
+    x, x_hat = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(x_hat, dtype=torch.float64)
+    return float((x - x_hat).pow(2).sum() / (x - x.mean(0)).pow(2).sum().clamp_min(1e-30))
+
+
+def geometric_median(x: Any, iters: int = 100, tol: float = 1e-7) -> torch.Tensor:
+    """argmin_m sum_i ||x_i - m|| of the rows of x (n, d) by Weiszfeld's iteration -> (d,).
+
+    Each step is the mean of the points weighted by 1/distance to the current estimate (distances
+    floored at a tiny value so a point that coincides with the estimate does not divide by zero).
+    The geometric median is what OpenAI initialises b_pre with: robust to outlying embeddings.
+    """
+    x = torch.as_tensor(x).detach().to(torch.float64)
+    m = x.mean(0)
+    for _ in range(iters):
+        w = 1.0 / (x - m).norm(dim=1).clamp_min(1e-12)
+        new = (w[:, None] * x).sum(0) / w.sum()
+        done = (new - m).norm() <= tol * max(1.0, float(m.norm()))
+        m = new
+        if done:
+            break
+    return m
+
+
+# --- the module --------------------------------------------------------------------------------
+
+
+class SAEOutput(NamedTuple):
+    loss: torch.Tensor  # () nmse + aux_coef * aux
+    nmse: torch.Tensor  # () normalised reconstruction error of the batch
+    aux: torch.Tensor  # () AuxK loss (0 when no latent is dead)
+    x_hat: torch.Tensor  # (n, d)
+    z: torch.Tensor  # (n, d1)
+
+
+def _normalised_mse(target: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+    """sum ||target - pred||^2 / sum ||target - mean(target)||^2 over the batch: the batch FVU.
+
+    Dividing by the batch variance makes the loss scale-free (1 = predicting the batch mean), so
+    lr and aux_coef mean the same for any embedding scale. The denominator carries no gradient.
+    """
+    var = (target - target.mean(0)).pow(2).sum().detach().clamp_min(1e-12)
+    return (target - pred).pow(2).sum() / var
+
+
+class TopKSAE(nn.Module):
+    """TopK SAE. Buffers: `b_pre` is a parameter unless concepts_fixed; `W_D` likewise;
+    `samples_since_fired` (d1,) counts training samples since each latent was last nonzero.
+
+    Under DDP the counts are per rank (DDP broadcasts rank 0's buffers at each forward), so a
+    latent counts as fired only when it fires on rank 0's shard: dead-latent detection is then
+    slightly conservative, never wrong about a latent that fires nowhere."""
+
+    def __init__(self, cfg: TopKSAEConfig, concept_emb: torch.Tensor | None = None, seed: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        d, d1 = cfg.d, cfg.n_latents
+        if cfg.concepts_fixed:
+            if concept_emb is None or tuple(concept_emb.shape) != (d1, d):
+                got = None if concept_emb is None else tuple(concept_emb.shape)
+                raise VlctlError(f"CG-SAE needs concept embeddings of shape ({d1}, {d}), got {got}")
+            w_dec = concept_emb.detach().float().clone()
+        else:
+            w_dec = torch.randn(d1, d, generator=torch.Generator().manual_seed(seed))
+        w_dec = w_dec / w_dec.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        if cfg.concepts_fixed:
+            # Fixed directions: buffers are saved with the model but never seen by the optimizer.
+            self.register_buffer("W_D", w_dec)
+            self.register_buffer("b_pre", torch.zeros(d))
+        else:
+            self.W_D = nn.Parameter(w_dec)  # (d1, d)
+            self.b_pre = nn.Parameter(torch.zeros(d))  # (d,)
+        self.W_E = nn.Parameter(w_dec.T.clone())  # (d, d1): starts as the decoder's transpose
+        self.b_E = nn.Parameter(torch.zeros(d1))  # (d1,)
+        self.register_buffer("samples_since_fired", torch.zeros(d1, dtype=torch.long))
+
+    # -- encode / decode
+
+    def pre_activation(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, d) -> (n, d1): W_E^T (x - b_pre) + b_E."""
+        return (x - self.b_pre) @ self.W_E + self.b_E
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """(n, d) -> (n, d1) with at most k nonzeros per row: ReLU(TopK(pre))."""
+        return self._topk_relu(self.pre_activation(x), self.cfg.k)
+
+    @staticmethod
+    def _topk_relu(pre: torch.Tensor, k: int) -> torch.Tensor:
+        # Keep the k largest pre-activations, ReLU them (a kept negative value becomes 0), zero the rest.
+        top = pre.topk(k, dim=-1)
+        return torch.zeros_like(pre).scatter(-1, top.indices, F.relu(top.values))
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        """(n, d1) -> (n, d): W_D^T z + b_pre."""
+        return z @ self.W_D + self.b_pre
+
+    # -- training
+
+    @property
+    def dead_mask(self) -> torch.Tensor:
+        """(d1,) bool: latents that have not fired for more than `dead_after` training samples."""
+        return self.samples_since_fired > self.cfg.dead_after
+
+    @property
+    def n_dead(self) -> int:
+        return int(self.dead_mask.sum())
+
+    def aux_loss(self, pre: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """AuxK: reconstruct `residual` (n, d), detached x - x~, from the top aux_k DEAD latents of
+        `pre` (n, d1) -> () normalised MSE. Exactly 0 (and no gradient) when no latent is dead.
+
+        Live latents are set to -inf before TopK so they can never be picked; if fewer than aux_k
+        latents are dead the -inf picks become 0 after the ReLU. No b_pre: the residual has none.
+        """
+        dead = self.dead_mask
+        n_aux = min(self.cfg.aux_k, int(dead.sum()))
+        if n_aux == 0:
+            return pre.new_zeros(())
+        z_aux = self._topk_relu(pre.masked_fill(~dead, float("-inf")), n_aux)
+        return _normalised_mse(residual, z_aux @ self.W_D)
+
+    def forward(self, x: torch.Tensor) -> SAEOutput:
+        """(n, d) -> losses and reconstructions; in training mode also updates dead-latent counts."""
+        pre = self.pre_activation(x)
+        z = self._topk_relu(pre, self.cfg.k)
+        x_hat = self.decode(z)
+        nmse = _normalised_mse(x, x_hat)
+        aux = self.aux_loss(pre, (x - x_hat).detach()) if self.cfg.aux_k > 0 else pre.new_zeros(())
+        if self.training:
+            with torch.no_grad():
+                fired = (z != 0).any(0)
+                self.samples_since_fired += x.shape[0]
+                self.samples_since_fired[fired] = 0
+        return SAEOutput(nmse + self.cfg.aux_coef * aux, nmse, aux, x_hat, z)
+
+    @torch.no_grad()
+    def normalize_decoder(self) -> None:
+        """Put every decoder row back on the unit sphere (after each optimizer step)."""
+        self.W_D.div_(self.W_D.norm(dim=1, keepdim=True).clamp_min(1e-12))
+
+    def _project(self, grad: torch.Tensor) -> torch.Tensor:
+        # g_r <- g_r - (g_r . w_r / ||w_r||^2) w_r: an exact (idempotent) projection, so applying it
+        # twice (hook + project_decoder_grad) changes nothing.
+        w = self.W_D.detach()
+        return grad - (grad * w).sum(1, keepdim=True) / w.pow(2).sum(1, keepdim=True).clamp_min(1e-24) * w
+
+    @torch.no_grad()
+    def project_decoder_grad(self) -> None:
+        """Remove from W_D.grad the component parallel to each decoder row (before the step): the
+        unit-norm constraint makes that component meaningless, and Adam would otherwise amplify it."""
+        if isinstance(self.W_D, nn.Parameter) and self.W_D.grad is not None:
+            self.W_D.grad.copy_(self._project(self.W_D.grad))
+
+
+# --- the estimator -----------------------------------------------------------------------------
+
+
+def _as_tensor(x: Any) -> torch.Tensor:
+    t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+    if t.ndim != 2:
+        raise VlctlError(f"embeddings must be (n, d), got shape {tuple(t.shape)}")
+    return t.detach().float()
+
+
+class SparseAutoencoder:
+    """Scikit-learn style TopK SAE: `SparseAutoencoder(k=...).fit(emb, encoder_id)`.
+
+    Hyperparameters are the `TopKSAEConfig` fields (d comes from the data) plus lr, epochs,
+    batch_size, seed, warmup_steps, device and out_dir (the training loop's run directory; a
+    temporary one when None). Learned state (after fit/load): `model_`, `b_pre_` (d,), `n_dead_`,
+    `fvu_` (on the training embeddings), `encoder_id_`.
+    """
+
+    def __init__(
+        self,
+        *,
+        expansion: int = 32,
+        d_latent: int | None = None,
+        k: int = 128,
+        aux_k: int = 256,
+        aux_coef: float = 1 / 32,
+        dead_after: int = 200_000,
+        init_b_pre: str = "geometric_median",
+        lr: float = 1e-3,
+        epochs: int = 50,
+        batch_size: int = 4096,
+        warmup_steps: int = 0,
+        seed: int = 0,
+        device: str | None = "cpu",
+        out_dir: str | Path | None = None,
+        progress: bool = False,
+    ):
+        self.expansion, self.d_latent, self.k, self.aux_k = expansion, d_latent, k, aux_k
+        self.aux_coef, self.dead_after, self.init_b_pre = aux_coef, dead_after, init_b_pre
+        self.lr, self.epochs, self.batch_size, self.warmup_steps = lr, epochs, batch_size, warmup_steps
+        self.seed, self.device, self.out_dir, self.progress = seed, device, out_dir, progress
+        self.concept_emb: torch.Tensor | None = None  # set by from_concepts
+
+    @classmethod
+    def from_concepts(cls, concept_text_emb: Any, **kwargs) -> SparseAutoencoder:
+        """CG-SAE: one latent per concept, decoder rows fixed to the normalised text embeddings
+        `concept_text_emb` (S, d). Only the encoder (W_E, b_E) trains."""
+        if "d_latent" in kwargs or "expansion" in kwargs:
+            raise VlctlError("from_concepts: d_latent is the number of concepts; do not pass d_latent/expansion")
+        est = cls(**kwargs)
+        est.concept_emb = _as_tensor(concept_text_emb)
+        est.d_latent = est.concept_emb.shape[0]
+        return est
+
+    def _config(self, d: int) -> TopKSAEConfig:
+        return TopKSAEConfig(
+            d=d,
+            expansion=self.expansion,
+            d_latent=self.d_latent,
+            k=self.k,
+            aux_k=self.aux_k,
+            aux_coef=self.aux_coef,
+            dead_after=self.dead_after,
+            init_b_pre=self.init_b_pre,
+            concepts_fixed=self.concept_emb is not None,
+        )
+
+    def fit(self, embeddings: Any, encoder_id: str) -> SparseAutoencoder:
+        """Train on `embeddings` (n, d) from encoder `encoder_id`; returns self."""
+        from vlctl.train.loop import LoopConfig, train
+
+        x = _as_tensor(embeddings)
+        n, d = x.shape
+        cfg = self._config(d)
+        if self.concept_emb is not None and self.concept_emb.shape[1] != d:
+            raise VlctlError(f"concept embeddings have dim {self.concept_emb.shape[1]}, image embeddings {d}")
+        model = TopKSAE(cfg, self.concept_emb, seed=self.seed)
+        with torch.no_grad():
+            if cfg.init_b_pre == "geometric_median":
+                model.b_pre.copy_(geometric_median(x).float())
+            elif cfg.init_b_pre == "mean":
+                model.b_pre.copy_(x.mean(0))
+
+        def make_batch(idx: np.ndarray, epoch: int) -> torch.Tensor:
+            return x[torch.as_tensor(idx)]
+
+        def loss_fn(net: nn.Module, batch: torch.Tensor):
+            # The loop has no "after optimizer.step()" hook, so the renormalisation of the previous
+            # step happens here, before the forward that uses the weights: the same sequence
+            # (step, normalise, forward) as the reference, exactly. The final step's renormalisation
+            # is done after the loop.
+            sae = getattr(net, "module", net)
+            if not cfg.concepts_fixed:
+                sae.normalize_decoder()
+            out = net(batch)
+            return out.loss, {"nmse": float(out.nmse.detach()), "aux": float(out.aux.detach()), "n_dead": sae.n_dead}
+
+        # Parallel-gradient removal as a tensor hook: it rewrites W_D's gradient during backward,
+        # i.e. before the loop's optimizer.step() (and before clipping), exactly like
+        # project_decoder_grad() called between backward and step.
+        handle = None if cfg.concepts_fixed else model.W_D.register_hook(model._project)
+        loop_cfg = LoopConfig(
+            epochs=self.epochs,
+            batch_size=min(self.batch_size, n),
+            lr=self.lr,
+            weight_decay=0.0,  # SAEs are trained without weight decay (OpenAI reference)
+            betas=(0.9, 0.999),
+            warmup_steps=self.warmup_steps,
+            seed=self.seed,
+            progress=self.progress,
+            log_every=50,
+        )
+        tmp = tempfile.TemporaryDirectory(prefix="vlctl-sae-") if self.out_dir is None else None
+        try:
+            train(
+                model,
+                n_samples=n,
+                make_batch=make_batch,
+                loss_fn=loss_fn,
+                cfg=loop_cfg,
+                out_dir=tmp.name if tmp else self.out_dir,
+                run_config={"sae": config_to_dict(cfg), "encoder_id": encoder_id},
+                device=self.device,
+            )
+        finally:
+            if handle is not None:
+                handle.remove()
+            if tmp is not None:
+                tmp.cleanup()
+        model.normalize_decoder()
+        model.eval()
+        self._set_fitted(model.cpu(), encoder_id)
+        self.fvu_ = fraction_variance_unexplained(x, self.reconstruct(x))
+        return self
+
+    def _set_fitted(self, model: TopKSAE, encoder_id: str) -> None:
+        self.model_ = model
+        self.config_ = model.cfg
+        self.encoder_id_ = encoder_id
+        self.b_pre_ = model.b_pre.detach()
+        self.n_dead_ = model.n_dead
+
+    def _check_fitted(self) -> TopKSAE:
+        if not hasattr(self, "model_"):
+            raise VlctlError("SparseAutoencoder is not fitted; call fit() or load() first")
+        return self.model_
+
+    @torch.no_grad()
+    def encode(self, x: Any) -> torch.Tensor:
+        """(n, d) -> (n, d1) sparse latents (at most k nonzeros per row)."""
+        return self._check_fitted().encode(_as_tensor(x))
+
+    @torch.no_grad()
+    def decode(self, z: Any) -> torch.Tensor:
+        """(n, d1) -> (n, d)."""
+        return self._check_fitted().decode(torch.as_tensor(z).float())
+
+    @torch.no_grad()
+    def reconstruct(self, x: Any) -> torch.Tensor:
+        """(n, d) -> (n, d): decode(encode(x))."""
+        model = self._check_fitted()
+        return model.decode(model.encode(_as_tensor(x)))
+
+    def save(self, path: str | Path) -> Path:
+        """Write directory `path` with sae.safetensors and config.json (atomically)."""
+        model = self._check_fitted()
+        meta = {
+            "config": config_to_dict(model.cfg),
+            "encoder_id": self.encoder_id_,
+            "fvu": getattr(self, "fvu_", None),
+            "n_dead": self.n_dead_,
+            "training": {"lr": self.lr, "epochs": self.epochs, "batch_size": self.batch_size, "seed": self.seed},
+        }
+        with atomic_dir(path) as tmp:
+            atomic_save_safetensors(tmp / WEIGHTS_FILE, dict(model.state_dict()))
+            atomic_write_json(tmp / CONFIG_FILE, meta)
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | Path, encoder_id: str | None = None) -> SparseAutoencoder:
+        """Load a saved SAE; refuse it (VlctlError naming the file) if it was fitted on another
+        encoder than `encoder_id` or if its weights do not match its config."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        cfg_path, w_path = path / CONFIG_FILE, path / WEIGHTS_FILE
+        meta = read_json(cfg_path, "SAE config")
+        try:
+            cfg = config_from_dict(TopKSAEConfig, meta["config"], source=str(cfg_path))
+            saved_id = meta["encoder_id"]
+        except (KeyError, TypeError) as e:
+            raise VlctlError(f"{cfg_path}: corrupt SAE config ({e!r})") from None
+        if encoder_id is not None and encoder_id != saved_id:
+            raise VlctlError(f"{cfg_path}: SAE was fitted on embeddings of encoder {saved_id!r}, not {encoder_id!r}")
+        try:
+            state = load_file(str(w_path))
+        except (OSError, SafetensorError) as e:
+            raise VlctlError(f"{w_path}: cannot read SAE weights ({e})") from None
+        concept = state.get("W_D") if cfg.concepts_fixed else None
+        try:
+            model = TopKSAE(cfg, concept)
+        except VlctlError as e:
+            raise VlctlError(f"{w_path}: weights do not match {cfg_path}: {e}") from None
+        expected = model.state_dict()
+        bad = sorted(set(expected) ^ set(state)) + [
+            f"{k} {list(state[k].shape)} vs {list(expected[k].shape)}"
+            for k in sorted(set(expected) & set(state))
+            if state[k].shape != expected[k].shape or state[k].dtype != expected[k].dtype
+        ]
+        if bad:
+            raise VlctlError(f"{w_path}: weights do not match {cfg_path}: {bad}")
+        model.load_state_dict(state)
+        model.eval()
+        train_meta = meta.get("training", {})
+        est = cls(
+            expansion=cfg.expansion,
+            d_latent=cfg.d_latent,
+            k=cfg.k,
+            aux_k=cfg.aux_k,
+            aux_coef=cfg.aux_coef,
+            dead_after=cfg.dead_after,
+            init_b_pre=cfg.init_b_pre,
+            **{k: v for k, v in train_meta.items() if k in ("lr", "epochs", "batch_size", "seed")},
+        )
+        if cfg.concepts_fixed:
+            est.concept_emb = model.W_D.clone()
+        est._set_fitted(model, saved_id)
+        if meta.get("fvu") is not None:
+            est.fvu_ = float(meta["fvu"])
+        return est

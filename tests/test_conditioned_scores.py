@@ -1,0 +1,86 @@
+"""TEVI's exact conditioned scores against the naive (P, Q, d) computation, and reranking."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlctl.methods.tevi import conditioned_scores, rerank
+
+P, Q, D1, D, K = 7, 5, 12, 6, 4
+
+
+def _inputs(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    pre = torch.randn(P, D1, generator=g, dtype=dtype)
+    top = pre.topk(K, dim=1)
+    latents = torch.zeros_like(pre).scatter(1, top.indices, top.values.relu())  # <= K nonzeros
+    latents[0] = 0
+    latents[0, 3] = 1.5  # a row with a single nonzero
+    latents[1, :] = 0
+    latents[1, [2, 9]] = torch.tensor([0.7, 2.0], dtype=dtype)  # two nonzeros
+    masks = torch.rand(Q, D1, generator=g, dtype=dtype)
+    decoder = torch.randn(D1, D, generator=g, dtype=dtype)
+    decoder = decoder / decoder.norm(dim=1, keepdim=True)
+    b_pre = torch.randn(D, generator=g, dtype=dtype)
+    text = 3 * torch.randn(Q, D, generator=g, dtype=dtype)
+    return latents, masks, decoder, b_pre, text
+
+
+def _naive(latents, masks, decoder, b_pre, text):
+    edited = (latents[:, None, :] * masks[None, :, :]) @ decoder + b_pre  # (P, Q, D)
+    return torch.nn.functional.cosine_similarity(edited, text[None], dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("chunk", [1, 2, 3, 256, (2, 4), (5, 1)])
+def test_equals_naive(dtype, chunk):
+    args = _inputs(dtype)
+    assert (args[0] != 0).sum(1).min() < K  # rows with fewer than K nonzeros are covered
+    got = conditioned_scores(*args, chunk_size=chunk)
+    assert got.shape == (P, Q) and got.dtype == dtype
+    torch.testing.assert_close(got, _naive(*args), atol=1e-5, rtol=0)
+
+
+def test_explicit_k_larger_than_support():
+    args = _inputs(torch.float64)
+    torch.testing.assert_close(conditioned_scores(*args, k=D1), _naive(*args), atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("chunk", [2, 256])
+def test_gradients_equal_naive(chunk):
+    base = _inputs(torch.float64, seed=1)
+    w = torch.randn(P, Q, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    grads = []
+    for fn in (lambda *a: conditioned_scores(*a, chunk_size=chunk), _naive):
+        latents, masks, decoder, b_pre, text = (t.clone().requires_grad_(True) for t in base)
+        (fn(latents, masks, decoder, b_pre, text) * w).sum().backward()
+        # latents: only the support is compared (see conditioned_scores' docstring)
+        grads.append([masks.grad, text.grad, decoder.grad, b_pre.grad, latents.grad[base[0] != 0]])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+def test_rerank_changes_order_only_within_top_k():
+    g = torch.Generator().manual_seed(3)
+    n_img, n_txt, k = 20, 6, 5
+    base = torch.randn(n_img, n_txt, generator=g)
+    fine = torch.randn(n_img, n_txt, generator=g)
+    calls = []
+
+    def rescore(image_idx, text_idx):
+        calls.append(image_idx.shape)
+        return fine[image_idx, text_idx[None, :].expand_as(image_idx)]
+
+    out = rerank(base, k, rescore)
+    assert calls == [(k, n_txt)]  # only k candidates per text are rescored
+    base_order = base.argsort(dim=0, descending=True)
+    for q in range(n_txt):
+        top = base_order[:k, q]
+        assert set(out.order[:k, q].tolist()) == set(top.tolist())
+        assert torch.equal(out.order[k:, q], base_order[k:, q])
+        want = top[fine[top, q].argsort(descending=True)]
+        assert torch.equal(out.order[:k, q], want)
+        torch.testing.assert_close(out.scores[:, q], fine[want, q])
+    # every column is a permutation of the images
+    assert torch.equal(out.order.sort(dim=0).values, torch.arange(n_img)[:, None].expand(n_img, n_txt))
