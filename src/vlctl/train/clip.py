@@ -60,8 +60,9 @@ def train_clip(
             batch = batch.copy()
             for row, i in enumerate(indices):
                 dy, dx = sample_rng(loop.seed, epoch, i).integers(-s, s + 1, size=2)
-                # The background is black, so rolling is a translation while the digit stays
-                # away from the border (MAD digits sit well inside the frame).
+                # On a black background a roll is a translation, except that a stroke within
+                # `s` px of the border wraps to the other side (rare on MAD: digits fill a
+                # centred 20 px box; only some 'small' ones are pasted near an edge).
                 batch[row] = np.roll(batch[row], (int(dy), int(dx)), axis=(0, 1))
         x = tiny_clip.preprocess_batch(batch)
         t = text_inputs[torch.as_tensor(indices)] if torch.is_tensor(text_inputs) else [text_inputs[i] for i in indices]
