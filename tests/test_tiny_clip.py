@@ -371,6 +371,16 @@ def test_save_load_round_trip(tmp_path):
     assert create_model(str(path)).config == m.config
 
 
+def edit_config(model_dir, keys: tuple[str, ...], value) -> None:
+    """Set config.json[keys[0]][keys[1]]... = value in a saved model directory."""
+    doc = json.loads((model_dir / "config.json").read_text())
+    node = doc
+    for k in keys[:-1]:
+        node = node[k]
+    node[keys[-1]] = value
+    (model_dir / "config.json").write_text(json.dumps(doc))
+
+
 def test_load_refuses_mismatches(tmp_path):
     a = save_pretrained(small_model(seed=0), tmp_path / "a")
     b = save_pretrained(small_model(seed=0, vision_width=48), tmp_path / "b")
@@ -393,28 +403,20 @@ def test_load_refuses_mismatches(tmp_path):
         load_pretrained(d)
     # a changed config: shape-changing, and not shape-changing
     d = fresh("cfg_width")
-    doc = json.loads((d / "config.json").read_text())
-    doc["config"]["vision_width"] = 64
-    (d / "config.json").write_text(json.dumps(doc))
+    edit_config(d, ("config", "vision_width"), 64)
     with pytest.raises(VlctlError, match=r"model\.safetensors.*config\.json"):
         load_pretrained(d)
     d = fresh("cfg_name")
-    doc = json.loads((d / "config.json").read_text())
-    doc["config"]["name"] = "renamed"
-    (d / "config.json").write_text(json.dumps(doc))
+    edit_config(d, ("config", "name"), "renamed")
     with pytest.raises(VlctlError, match=r"model\.safetensors.*different config"):
         load_pretrained(d)
     # unknown fields
     d = fresh("unknown_cfg_field")
-    doc = json.loads((d / "config.json").read_text())
-    doc["config"]["vision_widht"] = 32
-    (d / "config.json").write_text(json.dumps(doc))
+    edit_config(d, ("config", "vision_widht"), 32)
     with pytest.raises(VlctlError, match=r"config\.json.*vision_widht"):
         load_pretrained(d)
     d = fresh("unknown_top_field")
-    doc = json.loads((d / "config.json").read_text())
-    doc["extra"] = 1
-    (d / "config.json").write_text(json.dumps(doc))
+    edit_config(d, ("extra",), 1)
     with pytest.raises(VlctlError, match=r"config\.json.*extra"):
         load_pretrained(d)
     # missing / corrupt files

@@ -228,12 +228,7 @@ def recall_at_k_relevant(
         relevant: (n_images, n_texts) boolean; relevant[i, j] says text j is a correct match
             for image i (e.g. it names only attribute values image i has).
         ks: cut-offs, each k >= 1 (k above the number of candidates gives 100).
-        ties: how items with exactly equal scores are ordered.
-            "stable" (default): ties are broken by index, lower index first, i.e. the order of
-            a stable descending sort. rank(j) = #{scores > s_j} + #{scores == s_j, index < j}.
-            "optimistic": rank(j) = #{scores > s_j} (the target wins every tie).
-            "pessimistic": rank(j) = #{scores >= s_j} - 1 (the target loses every tie).
-            Ranks are 0-based; "top k" means rank < k.
+        ties: "stable" (default), "optimistic" or "pessimistic", defined as in `recall_at_k`.
 
     Returns:
         dict with keys "i2t@k" then "t2i@k", values in [0, 100]:

@@ -237,6 +237,11 @@ def _as_tensor(x: Any) -> torch.Tensor:
     return t.detach().float()
 
 
+# The estimator hyperparameters that are TopKSAEConfig fields (d comes from the data and
+# concepts_fixed from `from_concepts`), so the two stay in one place.
+_ARCH_FIELDS = ("expansion", "d_latent", "k", "aux_k", "aux_coef", "dead_after", "init_b_pre")
+
+
 class SparseAutoencoder:
     """Scikit-learn style TopK SAE: `SparseAutoencoder(k=...).fit(emb, encoder_id)`.
 
@@ -283,17 +288,8 @@ class SparseAutoencoder:
         return est
 
     def _config(self, d: int) -> TopKSAEConfig:
-        return TopKSAEConfig(
-            d=d,
-            expansion=self.expansion,
-            d_latent=self.d_latent,
-            k=self.k,
-            aux_k=self.aux_k,
-            aux_coef=self.aux_coef,
-            dead_after=self.dead_after,
-            init_b_pre=self.init_b_pre,
-            concepts_fixed=self.concept_emb is not None,
-        )
+        arch = {f: getattr(self, f) for f in _ARCH_FIELDS}
+        return TopKSAEConfig(d=d, concepts_fixed=self.concept_emb is not None, **arch)
 
     def fit(self, embeddings: Any, encoder_id: str) -> SparseAutoencoder:
         """Train on `embeddings` (n, d) from encoder `encoder_id`; returns self."""
@@ -444,13 +440,7 @@ class SparseAutoencoder:
         model.eval()
         train_meta = meta.get("training", {})
         est = cls(
-            expansion=cfg.expansion,
-            d_latent=cfg.d_latent,
-            k=cfg.k,
-            aux_k=cfg.aux_k,
-            aux_coef=cfg.aux_coef,
-            dead_after=cfg.dead_after,
-            init_b_pre=cfg.init_b_pre,
+            **{f: getattr(cfg, f) for f in _ARCH_FIELDS},
             **{k: v for k, v in train_meta.items() if k in ("lr", "epochs", "batch_size", "seed")},
         )
         if cfg.concepts_fixed:
