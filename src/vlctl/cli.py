@@ -26,6 +26,8 @@ def _cmd_train_clip(args: argparse.Namespace) -> dict:
     from vlctl.train.clip import ClipTrainConfig, train_clip
     from vlctl.train.loop import LoopConfig
 
+    from vlctl.train.distributed import destroy_distributed
+
     result = train_clip(
         args.data,
         args.out,
@@ -33,6 +35,8 @@ def _cmd_train_clip(args: argparse.Namespace) -> dict:
         loop=config_from_args(LoopConfig, args),
         resume=args.resume,
     )
+    # Only on success: after a failure on one rank a barrier here would wait for the others.
+    destroy_distributed()
     return {"out": str(args.out), "steps": result.steps, "seconds": result.seconds}
 
 

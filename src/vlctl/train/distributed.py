@@ -67,8 +67,13 @@ def init_distributed(device: str | None = None) -> DistInfo:
 
 
 def destroy_distributed() -> None:
-    """Leave the process group (call once at the end of a torchrun script)."""
+    """Leave the process group (call once at the end of a torchrun script).
+
+    All ranks meet at a barrier first: a rank that tears gloo down while the other still has
+    work in flight aborts that rank ("terminate called without an active exception").
+    """
     if is_distributed():
+        dist.barrier()
         dist.destroy_process_group()
 
 
