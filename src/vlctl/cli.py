@@ -24,9 +24,8 @@ def _cmd_data_mad(args: argparse.Namespace) -> dict:
 
 def _cmd_train_clip(args: argparse.Namespace) -> dict:
     from vlctl.train.clip import ClipTrainConfig, train_clip
-    from vlctl.train.loop import LoopConfig
-
     from vlctl.train.distributed import destroy_distributed
+    from vlctl.train.loop import LoopConfig
 
     result = train_clip(
         args.data,
