@@ -210,7 +210,7 @@ def test_cg_sae_trains_only_the_encoder():
     x, dirs = _synthetic(n=512, seed=1)
     concepts = 2.5 * dirs + 0.01 * torch.randn(N_DIRS, D, generator=torch.Generator().manual_seed(2))
     sae = SparseAutoencoder.from_concepts(
-        concepts.numpy(), k=3, aux_k=4, dead_after=100, lr=1e-2, epochs=3, batch_size=128
+        concepts.numpy(), center=False, k=3, aux_k=4, dead_after=100, lr=1e-2, epochs=3, batch_size=128
     )
     sae.fit(x, "enc-a")
     model = sae.model_
@@ -220,3 +220,24 @@ def test_cg_sae_trains_only_the_encoder():
     assert torch.equal(model.W_D, want)  # bit-identical: never touched by the optimizer
     assert not torch.equal(model.W_E, want.T)  # the encoder trained away from its init W_D^T
     assert sae.fvu_ < 0.5
+
+
+def test_cg_sae_centres_concepts_by_default():
+    concepts = torch.randn(5, D, generator=torch.Generator().manual_seed(3)) + 4.0  # a shared offset
+    sae = SparseAutoencoder.from_concepts(concepts, k=2)
+    want = concepts - concepts.mean(0)
+    torch.testing.assert_close(sae.concept_emb, want)
+    with pytest.raises(VlctlError, match="concept embeddings are empty"):
+        SparseAutoencoder.from_concepts(torch.zeros(0, D))
+
+
+def test_bad_embeddings_are_refused(fitted):
+    sae, x = fitted
+    bad = x[:4].clone()
+    bad[2, 1] = float("nan")
+    with pytest.raises(VlctlError, match="NaN or Inf in 1 row"):
+        sae.encode(bad)
+    with pytest.raises(VlctlError, match="dimension 8, but the SAE was fitted on dimension 16"):
+        sae.encode(x[:, :8])
+    with pytest.raises(VlctlError, match="k=40 must be in"):
+        SparseAutoencoder(d_latent=32, k=40).fit(x, "enc-a")

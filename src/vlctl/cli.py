@@ -61,12 +61,102 @@ def _cmd_reproduce(args: argparse.Namespace) -> dict:
     from vlctl.recipes import RECIPES, run_recipe
 
     names = sorted(RECIPES) if args.name == "all" else [args.name]
+    # `all` shares one stage cache, so later recipes reuse earlier ones' stages (tevi-mad: the CLIP).
+    stages = args.stages or (Path(args.out) / "stages" if args.name == "all" else None)
     reports = {}
     for name in names:
         out = Path(args.out) / name if args.name == "all" else Path(args.out)
-        reports[name] = str(run_recipe(name, out, quick=args.quick, force=args.force))
+        reports[name] = str(run_recipe(name, out, quick=args.quick, force=args.force, stages=stages))
         print(f"[vlctl] {name}: report at {reports[name]}", file=sys.stderr)
     return {"reports": reports}
+
+
+# --- ControlEmbed and its shapes benchmark (issue 4) -------------------------------------------
+
+
+def _cmd_data_shapes(args: argparse.Namespace) -> dict:
+    from vlctl.data.shapes import ShapesConfig, generate_shapes
+
+    return {"out": str(generate_shapes(config_from_args(ShapesConfig, args), args.out))}
+
+
+def _cmd_fit_controlembed(args: argparse.Namespace) -> dict:
+    from vlctl.config import config_to_dict
+    from vlctl.data.cache import embed
+    from vlctl.data.mad import load_mad, mad_dataset_id
+    from vlctl.data.shapes import VALUES, label_indices, subclass_phrase
+    from vlctl.encoders import load_encoder
+    from vlctl.methods.hyper import ControlEmbed, ControlEmbedParams, prompt_ensemble
+
+    encoder = load_encoder(args.encoder)
+    data = load_mad(args.data)
+    if data["meta"].get("format") != "vlctl-shapes":
+        raise VlctlError(f"{args.data}: fit controlembed reads shapes directories (vlctl data shapes)")
+    cache = embed(encoder, images=data["images"], data_id=mad_dataset_id(args.data), root=args.cache, progress=False)
+    categories = args.categories or list(VALUES)
+
+    def encode_texts(texts: list[str]):
+        import torch
+
+        with torch.inference_mode():
+            return encoder.encode_texts(encoder.tokenize(texts)).numpy()
+
+    labels = {c: label_indices(data["labels"], c) for c in categories}
+    text = {c: prompt_ensemble(encode_texts, [subclass_phrase(c, VALUES[c][k]) for k in sorted(set(labels[c]))],
+                               args.templates) for c in categories}
+    params = config_from_args(ControlEmbedParams, args)
+    model = ControlEmbed(**config_to_dict(params), progress=not args.json).fit(
+        cache.image_emb, labels, encoder_id=encoder.id, class_text_emb=text)
+    model.save(args.out)
+    return {"out": str(args.out), "encoder_id": encoder.id, "categories": categories, "final_loss": model.final_loss_}
+
+
+def _cmd_cluster(args: argparse.Namespace) -> dict:
+    from vlctl.data.cache import open_cache
+    from vlctl.io import atomic_write_json
+    from vlctl.methods.hyper import ControlEmbed
+
+    model = ControlEmbed.load(args.model)
+    cache = open_cache(args.gallery)
+    if cache.image_emb is None:
+        raise VlctlError(f"{args.gallery}: the embedding cache holds no image embeddings")
+    ids = model.cluster(cache.image_emb, args.attribute, args.k, seed=args.seed, encoder_id=cache.encoder_id)
+    sizes = {int(c): int(n) for c, n in zip(*__import__("numpy").unique(ids, return_counts=True))}
+    if args.out:
+        atomic_write_json(args.out, {"attribute": args.attribute, "model": str(args.model), "gallery": str(args.gallery),
+                                     "cluster_of_image": ids.tolist()})
+    return {"attribute": args.attribute, "k": len(sizes), "cluster_sizes": sizes, "out": args.out}
+
+
+def _register_controlembed(sub, data_sub, fit_sub, add) -> None:
+    """`vlctl data shapes`, `vlctl fit controlembed`, `vlctl cluster`."""
+    from vlctl.data.shapes import ShapesConfig
+    from vlctl.methods.hyper import DEFAULT_TEMPLATES, ControlEmbedParams
+
+    p = add(data_sub, "shapes", "generate the Clevr-4-like shapes set (color, texture, count, shape; ControlEmbed)",
+            _cmd_data_shapes)
+    p.add_argument("--out", required=True, help="output directory (written atomically)")
+    add_config_args(p, ShapesConfig)
+
+    p = add(fit_sub, "controlembed", "fit the ControlEmbed hypernetwork on a shapes set's embeddings",
+            _cmd_fit_controlembed)
+    p.add_argument("--encoder", required=True, help="encoder directory (a saved TinyCLIP model/)")
+    p.add_argument("--data", required=True, help="shapes directory (vlctl data shapes)")
+    p.add_argument("--out", required=True, help="model directory (controlembed.safetensors + config.json)")
+    p.add_argument("--cache", required=True, help="embedding cache root (the images are embedded once)")
+    p.add_argument("--categories", nargs="+", default=None, help="categories to train on (default: all four)")
+    p.add_argument("--templates", nargs="+", default=list(DEFAULT_TEMPLATES),
+                   help="prompt templates with {} for the subclass, averaged per subclass")
+    add_config_args(p, ControlEmbedParams)
+
+    p = add(sub, "cluster", "cluster a gallery by one attribute (ControlEmbed global mode: k-means on G W + b)",
+            _cmd_cluster)
+    p.add_argument("--model", required=True, help="ControlEmbed model directory (vlctl fit controlembed)")
+    p.add_argument("--gallery", required=True, help="embedding cache directory of the gallery (vlctl embed)")
+    p.add_argument("--attribute", required=True, help="attribute category text, e.g. shape")
+    p.add_argument("--k", type=int, default=None, help="clusters (default: the category's number of subclasses)")
+    p.add_argument("--seed", type=int, default=0, help="k-means seed (default: 0)")
+    p.add_argument("--out", default=None, help="write the cluster of every image here (JSON)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +198,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="cache root; the entry is keyed by encoder, data and preprocessing")
     p.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default: 256)")
 
+    # `fit METHOD` and `score METHOD`: one subparser each, shared by every method's commands.
+    fit = sub.add_parser("fit", help="fit a method on cached embeddings", description="Fit a method on embeddings.")
+    fit_sub = fit.add_subparsers(dest="method", required=True, metavar="METHOD")
+    score = sub.add_parser("score", help="score cached embeddings with a fitted method",
+                           description="Score cached embeddings with a fitted method.")
+    score_sub = score.add_subparsers(dest="method", required=True, metavar="METHOD")
+    from vlctl.methods import cli as methods_cli
+
+    methods_cli.register(fit_sub, score_sub, add)  # vlctl fit sae / fit tevi / score tevi
+
     from vlctl.recipes import RECIPES
 
     p = add(sub, "reproduce", "run a paper reproduction recipe stage by stage, with caching", _cmd_reproduce)
@@ -115,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="the small CPU version (minutes)")
     p.add_argument("--out", required=True, help="output directory: results.json, report.md/html, figures/, arrays/")
     p.add_argument("--force", action="store_true", help="recompute every stage instead of reusing cached ones")
+    p.add_argument("--stages", default=None, help="stage cache directory (default OUT/stages); point recipes at the "
+                   "same one to share stages, e.g. tevi-mad reuses mad-clip's trained CLIP")
+
+    from vlctl.index.cli import register as register_index
+
+    register_index(sub, add)  # vlctl index / vlctl search
+    _register_controlembed(sub, data_sub, fit_sub, add)  # vlctl data shapes / fit controlembed / cluster
     return parser
 
 

@@ -60,10 +60,13 @@ def _flag_type(tp: Any):
     return tp, None
 
 
-def add_config_args(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
-    """Add one `--flag` per field of dataclass `cls` (underscores become dashes)."""
+def add_config_args(parser: argparse.ArgumentParser, cls: type, prefix: str = "", exclude: tuple[str, ...] = ()) -> None:
+    """Add one `--flag` per field of dataclass `cls` (underscores become dashes), except the
+    fields in `exclude` (those the command sets itself, e.g. a dimension read from the data)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        if f.name in exclude:
+            continue
         tp, nargs = _flag_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         flag = "--" + prefix + f.name.replace("_", "-")

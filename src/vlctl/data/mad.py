@@ -462,6 +462,7 @@ def load_mad(path: str | Path, verify: bool = False) -> dict:
     if images.dtype != np.uint8 or images.ndim != 4 or list(images.shape[1:]) != list(meta["image_shape"]):
         raise VlctlError(f"{image_file}: expected uint8 images of shape (N, {', '.join(map(str, meta['image_shape']))}), "
                          f"got {images.dtype} {images.shape}")
+    check_label = _label_checker(meta, path / "meta.json")
     labels = []
     with open(label_file, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
@@ -469,7 +470,7 @@ def load_mad(path: str | Path, verify: bool = False) -> dict:
                 label = json.loads(line)
             except json.JSONDecodeError as e:
                 raise VlctlError(f"{label_file}: line {lineno}: corrupt JSON ({e})") from None
-            _check_label(label, f"{label_file}: line {lineno}")
+            check_label(label, f"{label_file}: line {lineno}")
             labels.append(label)
     if not len(images) == len(labels) == meta["n"]:
         raise VlctlError(f"{path}: count mismatch: {len(images)} images in images.npy, {len(labels)} labels in "
@@ -479,6 +480,19 @@ def load_mad(path: str | Path, verify: bool = False) -> dict:
             if sha256_file(f) != meta["sha256"].get(f.name):
                 raise VlctlError(f"{f}: sha256 does not match meta.json (file changed since it was generated)")
     return {"images": images, "labels": labels, "meta": meta, "path": path}
+
+
+def _label_checker(meta: dict, meta_path: Path):
+    """The label validator of the directory's format: MAD's own, or that of another generator
+    writing the same on-disk layout (vlctl.data.shapes)."""
+    fmt = meta.get("format", "vlctl-mad")
+    if fmt == "vlctl-mad":
+        return _check_label
+    if fmt == "vlctl-shapes":
+        from vlctl.data.shapes import check_label
+
+        return check_label
+    raise VlctlError(f"{meta_path}: unknown dataset format {fmt!r} (expected 'vlctl-mad' or 'vlctl-shapes')")
 
 
 def _check_label(label: object, where: str) -> None:
@@ -505,4 +519,5 @@ def mad_dataset_id(path: str | Path) -> str:
                "labels": meta["sha256"]["labels.jsonl"]}
     except (KeyError, TypeError):
         raise VlctlError(f"{Path(path) / 'meta.json'}: no format_version / sha256 entries to identify the data") from None
-    return "mad-" + sha256_json(key)[:16]
+    # Prefix by format ("mad-", "shapes-"): the ids of existing MAD caches stay as they were.
+    return meta.get("format", "vlctl-mad").removeprefix("vlctl-") + "-" + sha256_json(key)[:16]

@@ -6,9 +6,11 @@ Factory surface (like open_clip's):
     create_model("mad-quick", seed=0)       -> a freshly initialised TinyCLIP
     save_pretrained(model, "out/model")     -> model.safetensors + config.json
     load_encoder("out/model")               -> TinyCLIPEncoder (an Encoder)
+    create("open_clip:ViT-B-32/TAG" | "hf:NAME_OR_PATH" | "tiny:DIR")  -> any Encoder (factory.py)
 """
 
 from vlctl.encoders.base import Encoder
+from vlctl.encoders.factory import SPEC_FORMS, create
 from vlctl.encoders.tiny_clip import (
     IMAGE_MEAN,
     IMAGE_STD,
@@ -32,6 +34,7 @@ __all__ = [
     "IMAGE_MEAN",
     "IMAGE_STD",
     "MAD_VALUES",
+    "SPEC_FORMS",
     "Encoder",
     "MiniLMTokenizer",
     "TinyCLIP",
@@ -39,6 +42,7 @@ __all__ = [
     "TinyCLIPEncoder",
     "WordTokenizer",
     "clip_loss",
+    "create",
     "create_model",
     "get_config",
     "image_transform",

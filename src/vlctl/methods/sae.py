@@ -230,11 +230,19 @@ class TopKSAE(nn.Module):
 # --- the estimator -----------------------------------------------------------------------------
 
 
-def _as_tensor(x: Any) -> torch.Tensor:
+def _as_tensor(x: Any, name: str = "embeddings") -> torch.Tensor:
+    """Array-like (n, d) -> float32 tensor, refusing a wrong rank, an empty set and NaN/Inf."""
     t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
     if t.ndim != 2:
-        raise VlctlError(f"embeddings must be (n, d), got shape {tuple(t.shape)}")
-    return t.detach().float()
+        raise VlctlError(f"{name} must be (n, d), got shape {tuple(t.shape)}")
+    if t.shape[0] == 0:
+        raise VlctlError(f"{name} are empty (shape {tuple(t.shape)})")
+    t = t.detach().float()
+    bad = ~torch.isfinite(t).all(1)
+    if bad.any():
+        rows = torch.nonzero(bad).flatten()[:5].tolist()
+        raise VlctlError(f"{name} contain NaN or Inf in {int(bad.sum())} row(s), e.g. rows {rows}")
+    return t
 
 
 # The estimator hyperparameters that are TopKSAEConfig fields (d comes from the data and
@@ -277,14 +285,26 @@ class SparseAutoencoder:
         self.concept_emb: torch.Tensor | None = None  # set by from_concepts
 
     @classmethod
-    def from_concepts(cls, concept_text_emb: Any, **kwargs) -> SparseAutoencoder:
+    def from_concepts(cls, concept_text_emb: Any, center: bool = True, **kwargs) -> SparseAutoencoder:
         """CG-SAE: one latent per concept, decoder rows fixed to the normalised text embeddings
-        `concept_text_emb` (S, d). Only the encoder (W_E, b_E) trains."""
+        `concept_text_emb` (S, d). Only the encoder (W_E, b_E) trains.
+
+        center: subtract the mean concept embedding before normalising (the default). CLIP's
+        modality gap puts every text embedding on a large common offset that image embeddings do
+        not share; b_pre already carries the images' centre, so the rows must carry only what
+        distinguishes the concepts. Measured on MAD (TinyCLIP mad-quick, 26 concepts): un-centred
+        rows reconstruct with FVU 0.72 and chance-level zero-shot accuracy, centred rows with FVU
+        0.18 and the original accuracy. center=False is the paper's literal definition."""
         if "d_latent" in kwargs or "expansion" in kwargs:
             raise VlctlError("from_concepts: d_latent is the number of concepts; do not pass d_latent/expansion")
         est = cls(**kwargs)
-        est.concept_emb = _as_tensor(concept_text_emb)
-        est.d_latent = est.concept_emb.shape[0]
+        concepts = _as_tensor(concept_text_emb, "concept embeddings")
+        if center:
+            if len(concepts) < 2:
+                raise VlctlError("from_concepts: centring needs at least 2 concepts (or pass center=False)")
+            concepts = concepts - concepts.mean(0)
+        est.concept_emb = concepts
+        est.d_latent = concepts.shape[0]
         return est
 
     def _config(self, d: int) -> TopKSAEConfig:
@@ -371,10 +391,18 @@ class SparseAutoencoder:
             raise VlctlError("SparseAutoencoder is not fitted; call fit() or load() first")
         return self.model_
 
+    def _input(self, x: Any, model: TopKSAE) -> torch.Tensor:
+        x = _as_tensor(x)
+        if x.shape[1] != model.cfg.d:
+            raise VlctlError(f"embeddings have dimension {x.shape[1]}, but the SAE was fitted on dimension "
+                             f"{model.cfg.d} (encoder {self.encoder_id_!r})")
+        return x
+
     @torch.no_grad()
     def encode(self, x: Any) -> torch.Tensor:
         """(n, d) -> (n, d1) sparse latents (at most k nonzeros per row)."""
-        return self._check_fitted().encode(_as_tensor(x))
+        model = self._check_fitted()
+        return model.encode(self._input(x, model))
 
     @torch.no_grad()
     def decode(self, z: Any) -> torch.Tensor:
@@ -385,7 +413,7 @@ class SparseAutoencoder:
     def reconstruct(self, x: Any) -> torch.Tensor:
         """(n, d) -> (n, d): decode(encode(x))."""
         model = self._check_fitted()
-        return model.decode(model.encode(_as_tensor(x)))
+        return model.decode(model.encode(self._input(x, model)))
 
     def save(self, path: str | Path) -> Path:
         """Write directory `path` with sae.safetensors and config.json (atomically)."""

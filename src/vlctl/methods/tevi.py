@@ -1,10 +1,14 @@
 """TEVI (§1.3): text-conditioned editing of image embeddings through SAE latents.
 
-For now: exact, fast scoring of every image conditioned on every text, and reranking of a cheap
-first-stage ranking (CLIP) with it.
+A frozen SAE codes each image embedding as sparse latents z (TopK). A caption q is mapped by a
+3-layer ReLU MLP to a mask m_q = sigmoid(f_m(t_q)) over the latents; the edited embedding of
+image p conditioned on q is e_{p|q} = W_D^T (z_p ⊙ m_q) + b_pre and the retrieval score is
+cos(e_{p|q}, e_{t,q}). The mask is trained with InfoNCE, either with positive conditioning
+(Eq. 10: image i edited by its own caption, against every text) or negative conditioning
+(Eq. 11: every image of the batch edited by every text; `conditioned_scores` makes that exact
+and cheap).
 
-The edited embedding of image p conditioned on text q is e_{p|q} = W_D^T (z_p ⊙ m_q) + b_pre and
-the retrieval score is cos(e_{p|q}, e_{t,q}). Naively that is an (n_images, n_texts, d) tensor.
+Scoring every image conditioned on every text looks like an (n_images, n_texts, d) tensor.
 It is not needed (DESIGN.md, "Cost model to design against"):
 
   numerator   e_{p|q} · t̂_q = (z_p ⊙ m_q) · u_q + b_pre · t̂_q,   u_q = W_D t̂_q   (d1,)
@@ -17,10 +21,20 @@ G_p = W_D[S_p] W_D[S_p]^T enters the quadratic form.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import tempfile
 from collections.abc import Callable
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlctl.config import config_from_dict, config_to_dict, opt
+from vlctl.io import VlctlError, atomic_dir, atomic_save_safetensors, atomic_write_json, read_json
 
 
 def conditioned_scores(
@@ -43,21 +57,22 @@ def conditioned_scores(
     k: support size K; default: the largest number of nonzeros in a row of `latents`
     returns   (P, Q)
 
-    Exact (no approximation) and differentiable in every input. The gradient w.r.t. `latents` is
-    exact on each row's support (the only entries a TopK code can move); off the support it
-    holds only the numerator's part, since the norm is computed on the support alone. Peak extra memory, besides the
-    inputs and the (P, Q) output, is O(P·K + Q·d1 + c·K·(d + K) + m·c·K) elements for image chunk c
-    and text chunk m: the support's values and indices, m ⊙ u, the gathered decoder rows and their
-    Gram blocks of one image chunk, and the masked codes y of one (image, text) chunk. Never
-    P·Q·d. (Under autograd the per-chunk tensors are kept for backward, as usual.)
+    Exact (no approximation) and differentiable in every input; the gradient w.r.t. `latents`
+    lives on each row's support (the only entries a TopK code can move). Work is
+    O(Q·d·d1 + P·K²·d + P·Q·K²): u for every text, the Gram blocks of every image, and one K x K
+    quadratic form per pair -- never a dense d1-long product per pair. Peak extra memory, besides
+    the inputs and the (P, Q) output, is O(P·K + Q·d1 + c·K·(d + K) + c·m·K) elements for image
+    chunk c and text chunk m: the supports, u, one image chunk's decoder rows and Gram blocks, and
+    one (image, text) chunk's masked codes. Never P·Q·d. (Under autograd the per-chunk tensors are
+    kept for backward, as usual.)
     """
     c_img, c_txt = (chunk_size, chunk_size) if isinstance(chunk_size, int) else chunk_size
     P, Q = latents.shape[0], masks.shape[0]
     t_hat = text_emb / text_emb.norm(dim=1, keepdim=True).clamp_min(1e-12)  # (Q, d)
-
-    # Numerator: one matmul over the codes (zeros outside the support contribute nothing).
-    u = t_hat @ decoder.T  # (Q, d1): u_q = W_D t̂_q
-    num = latents @ (masks * u).T + (t_hat @ b_pre)[None, :]  # (P, Q)
+    # u and the masks transposed to (d1, Q): a chunk's gather then reads contiguous runs of texts.
+    u_t = (decoder @ t_hat.T).contiguous()  # (d1, Q): column q is u_q = W_D t̂_q
+    masks_t = masks.T.contiguous()  # (d1, Q)
+    tb = t_hat @ b_pre  # (Q,): b_pre · t̂_q
 
     # Support of each code: K indices and values; rows with fewer nonzeros are padded with
     # index 0 and value 0, which adds nothing to any term below.
@@ -75,18 +90,18 @@ def conditioned_scores(
         idx_c, vals_c = idx[i0 : i0 + c_img], vals[i0 : i0 + c_img]  # (c, K)
         dec_c = decoder[idx_c]  # (c, K, d)
         gram_c = dec_c @ dec_c.transpose(1, 2)  # (c, K, K): G_p = W_D[S_p] W_D[S_p]^T
-        wb_c = wb[idx_c]  # (c, K)
+        wb_c = wb[idx_c][:, None, :]  # (c, 1, K)
         cols = []
         for j0 in range(0, Q, c_txt):
-            m_c = masks[j0 : j0 + c_txt]  # (m, d1)
-            y = vals_c[None] * m_c[:, idx_c]  # (m, c, K): z_p ⊙ m_q on S_p
-            quad = torch.einsum("mck,ckl,mcl->cm", y, gram_c, y)  # (c, m)
-            lin = 2 * torch.einsum("mck,ck->cm", y, wb_c)  # (c, m)
-            cols.append(quad + lin + bb)
+            j1 = min(j0 + c_txt, Q)
+            # Row-gathers of the (d1, m) chunks give (c, K, m); the products want (c, m, K).
+            y = vals_c[:, None, :] * masks_t[:, j0:j1][idx_c].transpose(1, 2)  # (c, m, K): z_p ⊙ m_q on S_p
+            num = (y * u_t[:, j0:j1][idx_c].transpose(1, 2)).sum(-1) + tb[None, j0:j1]  # (c, m): e_{p|q} · t̂_q
+            sq = ((y @ gram_c) * y).sum(-1) + 2 * (y * wb_c).sum(-1) + bb  # (c, m): ||e_{p|q}||²
+            # Rounding can leave a tiny negative value for an edited embedding of (almost) zero length.
+            cols.append(num / sq.clamp_min(1e-24).sqrt())
         rows.append(torch.cat(cols, dim=1))
-    sq_norm = torch.cat(rows, dim=0) if rows else num.new_zeros((0, Q))  # (P, Q)
-    # Rounding can leave a tiny negative value for an edited embedding of (almost) zero length.
-    return num / sq_norm.clamp_min(1e-24).sqrt()
+    return torch.cat(rows, dim=0) if rows else tb.new_zeros((0, Q))
 
 
 class Reranked(NamedTuple):
@@ -119,3 +134,397 @@ def rerank(
     new_scores, perm = new.sort(dim=0, descending=True, stable=True)
     order = torch.cat([cand.gather(0, perm), base_order[k:]], dim=0)
     return Reranked(order, new_scores)
+
+
+def pair_scores(
+    latents: torch.Tensor,
+    masks: torch.Tensor,
+    decoder: torch.Tensor,
+    b_pre: torch.Tensor,
+    text_emb: torch.Tensor,
+    image_idx: torch.Tensor,
+    text_idx: torch.Tensor,
+    support: int | None = None,
+) -> torch.Tensor:
+    """cos(e_{p|q}, t_q) for the listed pairs (image_idx[i], text_idx[i]) only -> (n_pairs,).
+
+    Arguments as in `conditioned_scores` (`support` is its `k`). Pairs are grouped by image: each
+    image's K decoder rows and their Gram block are gathered once, and all of its texts are
+    scored with two small matmuls, so the work is O(n_images_used·K²·d + n_pairs·K·(d + K)):
+    no per-text u = W_D t̂ (Q·d·d1) and no dense d1-long product.
+    """
+    t_hat = text_emb / text_emb.norm(dim=1, keepdim=True).clamp_min(1e-12)  # (Q, d)
+    k = support if support is not None else int((latents != 0).sum(1).max())
+    k = max(1, min(k, latents.shape[1]))
+    order = torch.argsort(image_idx, stable=True)
+    imgs, counts = torch.unique_consecutive(image_idx[order], return_counts=True)
+    out = torch.empty(len(image_idx), dtype=latents.dtype)
+    start = 0
+    for p, n in zip(imgs.tolist(), counts.tolist()):
+        rows = order[start : start + n]
+        start += n
+        q = text_idx[rows]
+        z = latents[p]
+        idx = z.abs().topk(k).indices  # (K,)
+        vals = z[idx]
+        dec = decoder[idx]  # (K, d)
+        y = vals[None] * masks[q[:, None], idx[None, :]]  # (n, K), gathered without copying whole mask rows
+        t_q = t_hat[q]  # (n, d)
+        num = (y * (t_q @ dec.T)).sum(1) + t_q @ b_pre  # (n,): e_{p|q} · t̂_q
+        sq = ((y @ (dec @ dec.T)) * y).sum(1) + 2 * y @ (dec @ b_pre) + b_pre @ b_pre
+        out[rows] = num / sq.clamp_min(1e-24).sqrt()
+    return out
+
+
+def rerank_conditioned(
+    base_scores: torch.Tensor,
+    k: int,
+    latents: torch.Tensor,
+    masks: torch.Tensor,
+    decoder: torch.Tensor,
+    b_pre: torch.Tensor,
+    text_emb: torch.Tensor,
+    support: int | None = None,
+) -> Reranked:
+    """`rerank` with exact TEVI scores: per text, CLIP's top k images re-scored by
+    cos(e_{p|q}, t_q) with `pair_scores` (only those k·Q pairs). Arguments as in
+    `conditioned_scores` (`support` is its `k`)."""
+
+    def rescore(cand: torch.Tensor, text_idx: torch.Tensor) -> torch.Tensor:
+        q = text_idx[None, :].expand_as(cand)
+        s = pair_scores(latents, masks, decoder, b_pre, text_emb, cand.reshape(-1), q.reshape(-1), support)
+        return s.reshape(cand.shape)
+
+    return rerank(base_scores, k, rescore)
+
+
+# --- the mask ----------------------------------------------------------------------------------
+
+CONDITIONING = ("positive", "negative")
+
+
+@dataclasses.dataclass(frozen=True)
+class TeviConfig:
+    d: int = opt(512, "embedding dimension (image and text)")
+    n_latents: int = opt(16384, "latents d1 of the SAE the mask acts on")
+    hidden: int = opt(512, "width of the mask MLP's two hidden layers")
+    conditioning: str = opt("positive", "positive (Eq. 10: each image edited by its own caption) | negative "
+                            "(Eq. 11: every image of the batch edited by every text of the batch)")
+    mask_init_bias: float = opt(0.0, "initial bias of the MLP's output layer: sigmoid(bias) is the initial mask value")
+    mask_temperature: float = opt(1.0, "m = sigmoid(f_m(t) / temperature); < 1 makes masks closer to binary")
+    init_logit_scale: float = opt(math.log(1 / 0.07), "initial log inverse temperature of the InfoNCE (CLIP's)")
+    learn_logit_scale: bool = opt(True, "train the InfoNCE temperature (at the mask's lr)")
+
+    def __post_init__(self):
+        if self.conditioning not in CONDITIONING:
+            raise VlctlError(f"conditioning must be one of {CONDITIONING}, got {self.conditioning!r}")
+        if min(self.d, self.n_latents, self.hidden) < 1 or self.mask_temperature <= 0:
+            raise VlctlError(f"TeviConfig: d, n_latents, hidden and mask_temperature must be positive, got {self}")
+
+
+class TeviMask(nn.Module):
+    """f_m: text embedding (n, d) -> mask (n, d1) in [0, 1], a 3-layer ReLU MLP, plus the InfoNCE
+    temperature it is trained with. The input is L2-normalised first: CLIP text embeddings are
+    only meaningful up to scale."""
+
+    def __init__(self, cfg: TeviConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.d, cfg.hidden), nn.ReLU(),
+            nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU(),
+            nn.Linear(cfg.hidden, cfg.n_latents),
+        )  # fmt: skip
+        nn.init.constant_(self.mlp[-1].bias, cfg.mask_init_bias)
+        self.logit_scale = nn.Parameter(torch.tensor(float(cfg.init_logit_scale)), requires_grad=cfg.learn_logit_scale)
+
+    def forward(self, text_emb: torch.Tensor) -> torch.Tensor:
+        """(n, d) -> (n, d1)."""
+        return torch.sigmoid(self.mlp(F.normalize(text_emb, dim=-1)) / self.cfg.mask_temperature)
+
+    def scale(self) -> torch.Tensor:
+        return self.logit_scale.clamp(0.0, math.log(100.0)).exp()
+
+
+def edit(latents: torch.Tensor, masks: torch.Tensor, decoder: torch.Tensor, b_pre: torch.Tensor) -> torch.Tensor:
+    """Edited embeddings, row by row: (n, d1), (n, d1), (d1, d), (d,) -> (n, d) = (z ⊙ m) W_D + b_pre."""
+    return (latents * masks) @ decoder + b_pre
+
+
+class _TeviTrainer(nn.Module):
+    """What the training loop optimises: the mask (and optionally a text encoder) over a frozen SAE
+    decoder. forward((latents, texts)) -> InfoNCE loss over the global batch."""
+
+    def __init__(self, mask: TeviMask, decoder: torch.Tensor, b_pre: torch.Tensor, text_encoder: nn.Module | None):
+        super().__init__()
+        self.mask = mask
+        self.text_encoder = text_encoder
+        self.register_buffer("decoder", decoder.detach().clone())
+        self.register_buffer("b_pre", b_pre.detach().clone())
+
+    def forward(self, latents: torch.Tensor, texts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from vlctl.encoders.tiny_clip import clip_loss
+        from vlctl.train.distributed import all_gather_with_grad
+
+        t = self.text_encoder(texts) if self.text_encoder is not None else texts  # (n, d)
+        m = self.mask(t)  # (n, d1)
+        s = self.mask.scale()
+        if self.mask.cfg.conditioning == "positive":
+            e = edit(latents, m, self.decoder, self.b_pre)
+            loss = clip_loss(F.normalize(e, dim=-1), F.normalize(t, dim=-1), s)
+        else:
+            # S[i, j] = cos(e_{i|j}, t_j): row i is image i against every text (the image->text
+            # term), column i is text i against every image edited by text i (text->image).
+            z, m, t = all_gather_with_grad(latents), all_gather_with_grad(m), all_gather_with_grad(t)
+            S = s * conditioned_scores(z, m, self.decoder, self.b_pre, t, chunk_size=1024)
+            target = torch.arange(S.shape[0], device=S.device)
+            loss = (F.cross_entropy(S, target) + F.cross_entropy(S.T, target)) / 2
+        return loss, m.mean()
+
+
+# --- the estimator -----------------------------------------------------------------------------
+
+MASK_FILE = "mask.safetensors"
+TEXT_ENCODER_FILE = "text_encoder.safetensors"
+TEVI_CONFIG_FILE = "tevi.json"
+SAE_DIR = "sae"
+
+
+def _embeddings(x: Any, name: str, d: int | None = None) -> torch.Tensor:
+    from vlctl.methods.sae import _as_tensor
+
+    t = _as_tensor(x, name)
+    if d is not None and t.shape[1] != d:
+        raise VlctlError(f"{name} have dimension {t.shape[1]}, but the SAE/mask was fitted on dimension {d}")
+    return t
+
+
+class TEVI:
+    """Scikit-learn style TEVI: `TEVI(conditioning="negative").fit(sae, image_emb, text_emb)`.
+
+    `sae` is a fitted `SparseAutoencoder` (learned or CG-SAE); it stays frozen. Hyperparameters
+    are the `TeviConfig` fields (d and n_latents come from the SAE) plus lr, text_lr, epochs,
+    batch_size, weight_decay, warmup_steps, seed, device, out_dir, progress.
+    Learned state: `mask_` (TeviMask), `sae_`, `encoder_id_`, `text_encoder_` (when fine-tuned).
+
+    Text-encoder fine-tuning: pass `text_encoder` (a module mapping a batch of `texts` to (n, d)
+    embeddings, e.g. a TinyCLIP text tower) and `texts` (its inputs, e.g. token ids) to `fit`;
+    it trains at `text_lr` beside the mask. Without it the text embeddings are fixed inputs.
+    """
+
+    def __init__(
+        self,
+        *,
+        hidden: int = 512,
+        conditioning: str = "positive",
+        mask_init_bias: float = 0.0,
+        mask_temperature: float = 1.0,
+        init_logit_scale: float = math.log(1 / 0.07),
+        learn_logit_scale: bool = True,
+        lr: float = 1e-3,
+        text_lr: float = 1e-6,
+        epochs: int = 10,
+        batch_size: int = 256,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        seed: int = 0,
+        device: str | None = "cpu",
+        out_dir: str | Path | None = None,
+        progress: bool = False,
+    ):
+        self.hidden, self.conditioning, self.mask_init_bias = hidden, conditioning, mask_init_bias
+        self.mask_temperature, self.init_logit_scale, self.learn_logit_scale = (
+            mask_temperature, init_logit_scale, learn_logit_scale)
+        self.lr, self.text_lr, self.epochs, self.batch_size = lr, text_lr, epochs, batch_size
+        self.weight_decay, self.warmup_steps, self.seed = weight_decay, warmup_steps, seed
+        self.device, self.out_dir, self.progress = device, out_dir, progress
+
+    def _config(self, d: int, n_latents: int) -> TeviConfig:
+        return TeviConfig(
+            d=d, n_latents=n_latents, hidden=self.hidden, conditioning=self.conditioning,
+            mask_init_bias=self.mask_init_bias, mask_temperature=self.mask_temperature,
+            init_logit_scale=self.init_logit_scale, learn_logit_scale=self.learn_logit_scale,
+        )  # fmt: skip
+
+    def fit(
+        self,
+        sae: Any,
+        image_emb: Any,
+        text_emb: Any = None,
+        *,
+        encoder_id: str | None = None,
+        text_encoder: nn.Module | None = None,
+        texts: Any = None,
+    ) -> TEVI:
+        """Train the mask on pairs (image_emb[i], caption i). The caption is given either as
+        `text_emb` (n, d), fixed, or as `texts` (n, ...) run through `text_encoder`, which is then
+        fine-tuned at `text_lr`. `encoder_id` (default: the SAE's) must match the SAE's."""
+        from vlctl.train.loop import LoopConfig, default_param_groups, train
+
+        sae_model = sae._check_fitted()
+        if encoder_id is not None and encoder_id != sae.encoder_id_:
+            raise VlctlError(f"embeddings of encoder {encoder_id!r} cannot train a mask over an SAE fitted on "
+                             f"{sae.encoder_id_!r}")
+        d, d1 = sae_model.cfg.d, sae_model.cfg.n_latents
+        x = _embeddings(image_emb, "image embeddings", d)
+        if (text_encoder is None) == (text_emb is None):
+            raise VlctlError("fit: pass exactly one of text_emb (fixed captions) or text_encoder + texts (fine-tuned)")
+        if text_encoder is None:
+            captions = _embeddings(text_emb, "text embeddings", d)
+        else:
+            captions = torch.as_tensor(texts)
+        if len(captions) != len(x):
+            raise VlctlError(f"fit: {len(x)} image embeddings but {len(captions)} captions; pair them row by row")
+        latents = sae.encode(x)  # (n, d1), the frozen SAE's codes, computed once
+
+        cfg = self._config(d, d1)
+        torch.manual_seed(self.seed)
+        mask = TeviMask(cfg)
+        net = _TeviTrainer(mask, sae_model.W_D, sae_model.b_pre, text_encoder)
+        groups = default_param_groups(mask, self.weight_decay)
+        if text_encoder is not None:
+            groups.append({"params": [p for p in text_encoder.parameters() if p.requires_grad],
+                           "lr": self.text_lr, "weight_decay": 0.0})
+
+        def make_batch(idx: np.ndarray, epoch: int):
+            idx = torch.as_tensor(idx)
+            return latents[idx], captions[idx]
+
+        def loss_fn(model: nn.Module, batch):
+            loss, mean_mask = model(*batch)
+            return loss, {"mask_mean": float(mean_mask.detach())}
+
+        n = len(x)
+        loop_cfg = LoopConfig(
+            epochs=self.epochs, batch_size=min(self.batch_size, n), lr=self.lr, weight_decay=self.weight_decay,
+            warmup_steps=self.warmup_steps, seed=self.seed, progress=self.progress, log_every=50,
+        )  # fmt: skip
+        tmp = tempfile.TemporaryDirectory(prefix="vlctl-tevi-") if self.out_dir is None else None
+        try:
+            train(net, n_samples=n, make_batch=make_batch, loss_fn=loss_fn, cfg=loop_cfg,
+                  out_dir=tmp.name if tmp else self.out_dir, param_groups=groups, device=self.device,
+                  run_config={"tevi": config_to_dict(cfg), "encoder_id": sae.encoder_id_})
+        finally:
+            if tmp is not None:
+                tmp.cleanup()
+        self.mask_ = mask.cpu().eval()
+        self.text_encoder_ = None if text_encoder is None else text_encoder.cpu().eval()
+        self.sae_ = sae
+        self.encoder_id_ = sae.encoder_id_
+        return self
+
+    # -- inference
+
+    def _check_fitted(self) -> TeviMask:
+        if not hasattr(self, "mask_"):
+            raise VlctlError("TEVI is not fitted; call fit() or load() first")
+        return self.mask_
+
+    @torch.no_grad()
+    def masks(self, text_emb: Any) -> torch.Tensor:
+        """(Q, d) text embeddings -> (Q, d1) masks."""
+        mask = self._check_fitted()
+        return mask(_embeddings(text_emb, "text embeddings", mask.cfg.d))
+
+    @torch.no_grad()
+    def edit(self, image_emb: Any, text_emb: Any) -> torch.Tensor:
+        """Image i edited by text i: (n, d), (n, d) -> (n, d) (unnormalised)."""
+        mask = self._check_fitted()
+        x = _embeddings(image_emb, "image embeddings", mask.cfg.d)
+        m = self.masks(text_emb)
+        if len(m) != len(x):
+            raise VlctlError(f"edit: {len(x)} images but {len(m)} texts; edit pairs them row by row")
+        sae = self.sae_.model_
+        return edit(sae.encode(x), m, sae.W_D, sae.b_pre)
+
+    @torch.no_grad()
+    def scores(self, image_emb: Any, text_emb: Any, chunk_size: int | tuple[int, int] = 256) -> torch.Tensor:
+        """(P, d), (Q, d) -> (P, Q) exact TEVI scores cos(e_{p|q}, t_q), via `conditioned_scores`."""
+        mask = self._check_fitted()
+        x = _embeddings(image_emb, "image embeddings", mask.cfg.d)
+        t = _embeddings(text_emb, "text embeddings", mask.cfg.d)
+        sae = self.sae_.model_
+        return conditioned_scores(sae.encode(x), mask(t), sae.W_D, sae.b_pre, t, chunk_size=chunk_size, k=sae.cfg.k)
+
+    @torch.no_grad()
+    def rerank(self, base_scores: Any, image_emb: Any, text_emb: Any, k: int = 100) -> Reranked:
+        """Rank images per text by `base_scores` (P, Q) (e.g. CLIP cosine), re-score the top k of
+        each text with TEVI. See `rerank`."""
+        mask = self._check_fitted()
+        x = _embeddings(image_emb, "image embeddings", mask.cfg.d)
+        t = _embeddings(text_emb, "text embeddings", mask.cfg.d)
+        sae = self.sae_.model_
+        return rerank_conditioned(torch.as_tensor(np.asarray(base_scores)), k, sae.encode(x), mask(t), sae.W_D,
+                                  sae.b_pre, t, support=sae.cfg.k)
+
+    # -- files
+
+    def save(self, path: str | Path) -> Path:
+        """Directory with tevi.json, mask.safetensors, sae/ (the frozen SAE) and, if fine-tuned,
+        text_encoder.safetensors; written atomically."""
+        mask = self._check_fitted()
+        meta = {"config": config_to_dict(mask.cfg), "encoder_id": self.encoder_id_,
+                "training": {"lr": self.lr, "text_lr": self.text_lr, "epochs": self.epochs,
+                             "batch_size": self.batch_size, "seed": self.seed},
+                "text_encoder_finetuned": self.text_encoder_ is not None}
+        with atomic_dir(path) as tmp:
+            self.sae_.save(tmp / SAE_DIR)
+            atomic_save_safetensors(tmp / MASK_FILE, dict(mask.state_dict()))
+            if self.text_encoder_ is not None:
+                atomic_save_safetensors(tmp / TEXT_ENCODER_FILE, dict(self.text_encoder_.state_dict()))
+            atomic_write_json(tmp / TEVI_CONFIG_FILE, meta)
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | Path, encoder_id: str | None = None, text_encoder: nn.Module | None = None) -> TEVI:
+        """Load a saved TEVI; refuse it if it was fitted on another encoder than `encoder_id`, or if
+        its weights do not match its config. A fine-tuned text encoder is loaded into
+        `text_encoder` (same architecture), which is then required."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        from vlctl.methods.sae import SparseAutoencoder
+
+        path = Path(path)
+        cfg_path, w_path = path / TEVI_CONFIG_FILE, path / MASK_FILE
+        meta = read_json(cfg_path, "TEVI config")
+        try:
+            cfg = config_from_dict(TeviConfig, meta["config"], source=str(cfg_path))
+            saved_id = meta["encoder_id"]
+        except (KeyError, TypeError) as e:
+            raise VlctlError(f"{cfg_path}: corrupt TEVI config ({e!r})") from None
+        if encoder_id is not None and encoder_id != saved_id:
+            raise VlctlError(f"{cfg_path}: TEVI was fitted on embeddings of encoder {saved_id!r}, not {encoder_id!r}")
+        sae = SparseAutoencoder.load(path / SAE_DIR, encoder_id=saved_id)
+        if (sae.config_.d, sae.config_.n_latents) != (cfg.d, cfg.n_latents):
+            raise VlctlError(f"{cfg_path}: mask is for d={cfg.d}, d1={cfg.n_latents} but {path / SAE_DIR} has "
+                             f"d={sae.config_.d}, d1={sae.config_.n_latents}")
+        mask = TeviMask(cfg)
+        _load_state(mask, w_path, cfg_path, load_file, SafetensorError)
+        est = cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(TeviConfig)
+                     if f.name not in ("d", "n_latents")},
+                  **{k: v for k, v in meta.get("training", {}).items()
+                     if k in ("lr", "text_lr", "epochs", "batch_size", "seed")})
+        est.mask_, est.sae_, est.encoder_id_ = mask.eval(), sae, saved_id
+        est.text_encoder_ = None
+        if meta.get("text_encoder_finetuned"):
+            if text_encoder is None:
+                raise VlctlError(f"{path}: TEVI fine-tuned its text encoder; pass the same architecture as text_encoder")
+            _load_state(text_encoder, path / TEXT_ENCODER_FILE, cfg_path, load_file, SafetensorError)
+            est.text_encoder_ = text_encoder.eval()
+        return est
+
+
+def _load_state(module: nn.Module, w_path: Path, cfg_path: Path, load_file, error) -> None:
+    try:
+        state = load_file(str(w_path))
+    except (OSError, error) as e:
+        raise VlctlError(f"{w_path}: cannot read weights ({e})") from None
+    expected = module.state_dict()
+    bad = sorted(set(expected) ^ set(state)) + [
+        f"{k} {list(state[k].shape)} vs {list(expected[k].shape)}"
+        for k in sorted(set(expected) & set(state)) if state[k].shape != expected[k].shape
+    ]  # fmt: skip
+    if bad:
+        raise VlctlError(f"{w_path}: weights do not match {cfg_path}: {bad}")
+    module.load_state_dict(state)

@@ -8,9 +8,11 @@ from pathlib import Path
 
 from vlctl.io import VlctlError
 
-# name -> module:function(out: Path, quick: bool, force: bool) -> Path of report.md
+# name -> module:function(out: Path, quick: bool, force: bool, stages: Path | None) -> Path of report.md
 RECIPES: dict[str, str] = {
     "mad-clip": "vlctl.recipes.mad_clip:run",
+    "controlembed-shapes": "vlctl.recipes.controlembed_shapes:run",
+    "tevi-mad": "vlctl.recipes.tevi_mad:run",
 }
 
 
@@ -23,5 +25,9 @@ def _load(name: str) -> Callable[..., Path]:
     return getattr(importlib.import_module(module), fn)
 
 
-def run_recipe(name: str, out: str | Path, quick: bool = False, force: bool = False) -> Path:
-    return _load(name)(Path(out), quick=quick, force=force)
+def run_recipe(
+    name: str, out: str | Path, quick: bool = False, force: bool = False, stages: str | Path | None = None
+) -> Path:
+    """Run recipe `name` into `out`. `stages`: where stage outputs are cached (default OUT/stages);
+    recipes given the same `stages` reuse each other's identical stages (same key)."""
+    return _load(name)(Path(out), quick=quick, force=force, stages=stages)

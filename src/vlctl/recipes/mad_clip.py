@@ -198,11 +198,9 @@ Every headline number in report.md / results.json is recomputed from these files
 """
 
 
-def run(out: Path, quick: bool = False, force: bool = False, cfg: MadClipRecipe | None = None) -> Path:
-    cfg = cfg or load_preset(quick)
-    runner = Runner(out, force=force)
-    t_start = time.perf_counter()
-
+def clip_stages(runner: Runner, cfg: MadClipRecipe) -> tuple[Path, Path, Path, dict]:
+    """The data -> train -> embed stages (shared with recipes built on this CLIP, e.g. tevi-mad).
+    Returns (data_dir with train/ and test/, train_dir with model/, embed_dir, train stage key)."""
     data_key = {"n_train": cfg.n_train, "n_test": cfg.n_test, "seed": cfg.seed, "mad": config_to_dict(MadConfig())}
 
     def make_data(work: Path) -> None:
@@ -214,6 +212,15 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: MadClipRecipe 
     train_dir = runner.stage("train", train_key, lambda w, r: _train(cfg, data_dir / "train", w, r), resumable=True)
     embed_key = {**train_key, "prompts_per_class": PROMPTS_PER_CLASS}
     embed_dir = runner.stage("embed", embed_key, lambda w: _embed(train_dir / "model", data_dir / "test", w))
+    return data_dir, train_dir, embed_dir, train_key
+
+
+def run(out: Path, quick: bool = False, force: bool = False, cfg: MadClipRecipe | None = None,
+        stages: Path | None = None) -> Path:
+    cfg = cfg or load_preset(quick)
+    runner = Runner(out, force=force, stages=stages)
+    t_start = time.perf_counter()
+    data_dir, train_dir, embed_dir, _ = clip_stages(runner, cfg)
 
     # Evaluate: pure metrics over the cached arrays.
     emb = np.load(embed_dir / "embeddings.npz")

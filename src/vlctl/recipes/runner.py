@@ -1,6 +1,7 @@
 """Run a recipe stage by stage, reusing each stage whose inputs have not changed.
 
-A stage's output lives in `OUT/stages/<name>-<key>/`, where the key hashes everything the stage
+A stage's output lives in `STAGES/<name>-<key>/` (default STAGES = `OUT/stages`; recipes that
+share stages, e.g. tevi-mad reusing mad-clip's CLIP, find each other's through a shared STAGES), where the key hashes everything the stage
 depends on (its config and the keys of the stages it reads). A finished stage holds `done.json`;
 re-running the recipe finds it and skips the work. Stages are built in `<dir>.partial/` and
 renamed when they finish, so an interrupted stage is never mistaken for a finished one; a
@@ -20,8 +21,9 @@ from vlctl.io import atomic_write_json, read_json, sha256_json
 
 
 class Runner:
-    def __init__(self, out: str | Path, force: bool = False):
+    def __init__(self, out: str | Path, force: bool = False, stages: str | Path | None = None):
         self.out = Path(out)
+        self.stages = Path(stages) if stages is not None else self.out / "stages"
         self.force = force
         self.timings: dict[str, dict[str, Any]] = {}
 
@@ -29,7 +31,7 @@ class Runner:
         """Run `fn(workdir)` (or `fn(workdir, resume)` when resumable) unless a finished stage
         with the same key exists; return the stage directory."""
         digest = sha256_json({"stage": name, **key})[:12]
-        final = self.out / "stages" / f"{name}-{digest}"
+        final = self.stages / f"{name}-{digest}"
         partial = final.with_name(final.name + ".partial")
         if self.force:
             shutil.rmtree(final, ignore_errors=True)

@@ -1,0 +1,353 @@
+"""OpenCLIP models (CLIP, SigLIP, ...) as vlctl Encoders, built with OpenCLIP's own factory.
+
+    encoder = create_open_clip_encoder("ViT-B-32", pretrained="laion2b_s34b_b79k")
+    encoder = create_open_clip_encoder("ViT-B-16-SigLIP", pretrained="/ckpt/open_clip_model.safetensors")
+    encoder = create_open_clip_encoder("ViT-B-32")            # random init (pretrained=None)
+
+Model, image transform and tokenizer all come from `open_clip` (`create_model_and_transforms`,
+`get_tokenizer`), so embeddings equal what OpenCLIP itself computes for the same weights.
+
+Attention for relevancy maps: OpenCLIP runs its ViT blocks through fused kernels that never
+materialise the attention probabilities, so `vision_attentions` swaps in, for the duration of one
+forward, an attention written out from the block's own weights (nn.MultiheadAttention's
+in_proj / out_proj), or, for timm towers (SigLIP), turns off timm's fused path and takes the
+softmax output as it enters `attn @ v`. Either way the returned tensors are the ones the values
+are multiplied with, so gradients reach them; the embeddings equal `model.encode_image` to float
+rounding (tested).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlctl.io import VlctlError, hash_state_dict
+
+PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Put `model` in eval mode for the block and restore its previous mode after."""
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)
+
+
+def autocast_for(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """Mixed precision for `precision` ("fp32" | "fp16" | "bf16"); fp32 is a no-op.
+
+    The weights stay fp32 and autocast runs matmuls in the low precision, as open_clip's "amp"
+    does; embeddings come out as float32 either way (callers cast).
+    """
+    dtype = PRECISIONS[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise VlctlError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    return precision
+
+
+def run_batched(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int, dim: int, device: torch.device
+) -> torch.Tensor:
+    """fn over `x` in chunks of `batch_size` on `device`; float32 results on the input's device.
+
+    x: (n, ...) -> (n, dim). Runs without gradients.
+    """
+    outs = []
+    with torch.no_grad():
+        for i in range(0, x.shape[0], batch_size):
+            outs.append(fn(x[i : i + batch_size].to(device)).float().to(x.device))
+    return torch.cat(outs) if outs else torch.zeros(0, dim, device=x.device)
+
+
+def pil_from_array(image: np.ndarray):
+    """uint8 (H, W, 3) or (H, W) array -> RGB PIL image (what open_clip / HF transforms take)."""
+    from PIL import Image
+
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
+        raise VlctlError(
+            f"preprocess: expected a uint8 numpy array (H, W, 3), got {type(image).__name__}"
+            f"{'' if not isinstance(image, np.ndarray) else ' of dtype ' + str(image.dtype)}"
+        )
+    if image.ndim == 3 and image.shape[-1] == 1:
+        image = image[..., 0]
+    if not (image.ndim == 2 or (image.ndim == 3 and image.shape[-1] == 3)):
+        raise VlctlError(f"preprocess: expected an image of shape (H, W, 3), got {image.shape}")
+    return Image.fromarray(image).convert("RGB")
+
+
+# --------------------------------------------------------------------------------------------
+# Attention recording
+# --------------------------------------------------------------------------------------------
+
+
+def _written_out_mha(block: nn.Module, store: list[torch.Tensor]) -> Callable:
+    """A replacement for open_clip's `ResidualAttentionBlock.attention` that keeps the probabilities.
+
+    Same math as nn.MultiheadAttention (packed in_proj, softmax(q k^T / sqrt(d_h)), out_proj);
+    appends the (n, heads, T, T) probability tensor to `store` before multiplying it with v.
+    """
+    mha: nn.MultiheadAttention = block.attn
+    if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
+        raise VlctlError(
+            "vision_attentions: this OpenCLIP block's nn.MultiheadAttention variant "
+            "(separate q/k/v projections or bias_k/add_zero_attn) is not supported"
+        )
+
+    def attention(q_x: torch.Tensor, k_x=None, v_x=None, attn_mask=None) -> torch.Tensor:
+        if k_x is not None or v_x is not None:
+            raise VlctlError("vision_attentions: cross-attention blocks are not supported")
+        x = q_x if mha.batch_first else q_x.transpose(0, 1)  # (n, T, D)
+        n, t, d = x.shape
+        h = mha.num_heads
+        q, k, v = F.linear(x, mha.in_proj_weight, mha.in_proj_bias).view(n, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        logits = (q * (d // h) ** -0.5) @ k.transpose(-2, -1)
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                attn_mask = torch.zeros_like(attn_mask, dtype=logits.dtype).masked_fill(attn_mask, float("-inf"))
+            logits = logits + attn_mask.to(logits.dtype)
+        probs = logits.softmax(dim=-1)
+        store.append(probs)  # the exact tensor multiplied with v below
+        y = mha.out_proj((probs @ v).transpose(1, 2).reshape(n, t, d))
+        return y if mha.batch_first else y.transpose(0, 1)
+
+    return attention
+
+
+@contextlib.contextmanager
+def record_vision_attention(visual: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """While active, every ViT block of `visual` appends its attention probabilities to the list.
+
+    Supports open_clip's own VisionTransformer (blocks with nn.MultiheadAttention) and timm towers
+    whose blocks use timm's `Attention` (SigLIP, EVA-less timm ViTs). Anything else is refused
+    with a VlctlError rather than returning attention that is not the model's.
+    """
+    store: list[torch.Tensor] = []
+    undo: list[Callable[[], None]] = []
+    try:
+        resblocks = getattr(getattr(visual, "transformer", None), "resblocks", None)
+        trunk_blocks = getattr(getattr(visual, "trunk", None), "blocks", None)
+        if resblocks is not None:
+            for block in resblocks:
+                if not isinstance(getattr(block, "attn", None), nn.MultiheadAttention):
+                    raise VlctlError(
+                        f"vision_attentions: OpenCLIP block type {type(block).__name__} "
+                        f"(attention {type(block.attn).__name__}) is not supported; "
+                        "supported: blocks with nn.MultiheadAttention"
+                    )
+                block.attention = _written_out_mha(block, store)  # instance attribute shadows the method
+                undo.append(lambda b=block: b.__dict__.pop("attention", None))
+        elif trunk_blocks is not None:
+            for block in trunk_blocks:
+                attn = getattr(block, "attn", None)
+                if (
+                    attn is None
+                    or not hasattr(attn, "fused_attn")
+                    or not isinstance(getattr(attn, "attn_drop", None), nn.Module)
+                ):
+                    raise VlctlError(f"vision_attentions: timm block {type(block).__name__} has no timm Attention")
+                before = attn.fused_attn
+                attn.fused_attn = False  # written-out softmax path; it feeds attn_drop(attn) into attn @ v
+                handle = attn.attn_drop.register_forward_hook(lambda _m, _i, out: store.append(out))
+                undo.append(lambda a=attn, f=before, hd=handle: (setattr(a, "fused_attn", f), hd.remove()))
+        else:
+            raise VlctlError(
+                f"vision_attentions: image tower {type(visual).__name__} is not a ViT "
+                "(no transformer.resblocks or trunk.blocks); relevancy maps need a ViT"
+            )
+        yield store
+    finally:
+        for fn in reversed(undo):
+            fn()
+
+
+# --------------------------------------------------------------------------------------------
+# Encoder
+# --------------------------------------------------------------------------------------------
+
+
+class OpenCLIPEncoder:
+    """An OpenCLIP model as a vlctl `Encoder` (see encoders/base.py).
+
+    Attributes:
+        model: the open_clip model (CLIP / CustomTextCLIP), in eval mode, on `device`.
+        model_name: OpenCLIP architecture name ("ViT-B-32", "ViT-B-16-SigLIP", ...).
+        preprocess_pil: OpenCLIP's eval transform, PIL image -> (3, S, S) float tensor.
+        preprocess: the same for a uint8 array (H, W, 3) (the Encoder protocol's form).
+        device, precision: where and how encode_* run ("fp16"/"bf16" autocast, fp32 weights).
+        batch_size: encode_* split their input into chunks of this many rows.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        model_name: str,
+        preprocess_pil: Callable,
+        tokenizer: Callable,
+        device: str | torch.device = "cpu",
+        precision: str = "fp32",
+        batch_size: int = 256,
+    ):
+        self.model = model.eval()
+        self.model_name = model_name
+        self.preprocess_pil = preprocess_pil
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.precision = check_precision(precision)
+        self.batch_size = int(batch_size)
+        self._id: str | None = None
+        self.embed_dim = int(self._probe_dim())
+
+    def _probe_dim(self) -> int:
+        proj = getattr(self.model, "text_projection", None)
+        if isinstance(proj, nn.Linear):
+            return proj.out_features
+        if isinstance(proj, torch.Tensor):
+            return proj.shape[1]
+        with torch.no_grad(), eval_mode(self.model):  # e.g. CustomTextCLIP: ask the text tower
+            return self.model.encode_text(self.tokenize(["a"]).to(self.device)).shape[-1]
+
+    def __repr__(self) -> str:
+        return f"OpenCLIPEncoder(model_name={self.model_name!r}, device={str(self.device)!r})"
+
+    @property
+    def id(self) -> str:
+        """'open_clip-<model name>@<16 hex of the weights' content hash>' (computed once)."""
+        if self._id is None:
+            self._id = f"open_clip-{self.model_name}@{hash_state_dict(self.model.state_dict())[:16]}"
+        return self._id
+
+    @property
+    def image_size(self) -> int:
+        size = getattr(self.model.visual, "image_size", None)
+        return int(size[0] if isinstance(size, (tuple, list)) else size)
+
+    def preprocess(self, image: np.ndarray) -> torch.Tensor:
+        return self.preprocess_pil(pil_from_array(image))
+
+    def tokenize(self, texts: Sequence[str]) -> torch.Tensor:
+        if isinstance(texts, str):
+            raise VlctlError("tokenize: expected a list of texts, got a single string")
+        return self.tokenizer(list(texts))
+
+    def encode_images(self, images: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+        def fn(b: torch.Tensor) -> torch.Tensor:
+            with autocast_for(self.device, self.precision):
+                return self.model.encode_image(b, normalize=normalize)
+
+        with eval_mode(self.model):
+            return run_batched(fn, images, self.batch_size, self.embed_dim, self.device)
+
+    def encode_texts(self, tokens: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+        if not torch.is_tensor(tokens):
+            tokens = self.tokenize(tokens)
+
+        def fn(b: torch.Tensor) -> torch.Tensor:
+            with autocast_for(self.device, self.precision):
+                return self.model.encode_text(b, normalize=normalize)
+
+        with eval_mode(self.model):
+            return run_batched(fn, tokens, self.batch_size, self.embed_dim, self.device)
+
+    def vision_attentions(
+        self, images: torch.Tensor, normalize: bool = True
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(embeddings (n, d), [attention probabilities (n, heads, T, T) per ViT block]).
+
+        T = 1 + n_patches for OpenCLIP ViTs (class token first); for timm towers, n_patches plus
+        the tower's prefix tokens (SigLIP's have none). Runs in fp32 with gradients on, the images made to require grad if
+        they don't, so the attentions are in the autograd graph even with frozen weights.
+        """
+        x = images.to(self.device)
+        if not x.requires_grad:
+            x = x.detach().float().requires_grad_(True)
+        with torch.enable_grad(), eval_mode(self.model), record_vision_attention(self.model.visual) as store:
+            emb = self.model.encode_image(x, normalize=normalize)
+        return emb, list(store)
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """'<model>[/<tag or checkpoint path>]' -> (model, pretrained or None).
+
+    'ViT-B-32/laion2b_s34b_b79k' -> ('ViT-B-32', 'laion2b_s34b_b79k'); everything after the first
+    '/' is the tag or path ('ViT-B-32//abs/ckpt.pt' -> '/abs/ckpt.pt'). 'hf-hub:org/repo' and
+    'local-dir:/path' name the weights themselves and are kept whole.
+    """
+    if spec.startswith(("hf-hub:", "local-dir:")):
+        return spec, None
+    name, sep, rest = spec.partition("/")
+    return name, (rest if sep and rest else None)
+
+
+def create_open_clip_encoder(
+    model_name: str,
+    pretrained: str | None = None,
+    device: str | torch.device = "cpu",
+    precision: str = "fp32",
+    batch_size: int = 256,
+) -> OpenCLIPEncoder:
+    """Build an OpenCLIP model with open_clip's factory and wrap it as an Encoder.
+
+    Args:
+        model_name: an OpenCLIP architecture (`open_clip.list_models()`), or 'hf-hub:org/repo' /
+            'local-dir:/path' as open_clip accepts them.
+        pretrained: None (random init), an OpenCLIP pretrained tag
+            (`open_clip.list_pretrained_tags_by_model(model_name)`), or a checkpoint file path.
+        device, precision, batch_size: see OpenCLIPEncoder.
+
+    Raises:
+        VlctlError: unknown architecture (with close names), unknown tag, a checkpoint file that
+        does not exist or does not match the architecture.
+    """
+    import open_clip
+
+    check_precision(precision)
+    has_schema = model_name.startswith(("hf-hub:", "local-dir:"))
+    if not has_schema and model_name not in open_clip.list_models():
+        close = difflib.get_close_matches(model_name, open_clip.list_models(), n=5)
+        raise VlctlError(
+            f"unknown OpenCLIP model {model_name!r}"
+            + (f"; did you mean {close}?" if close else "; see open_clip.list_models()")
+        )
+    if pretrained is not None and not has_schema:
+        looks_like_path = Path(pretrained).suffix != "" or "/" in pretrained or Path(pretrained).exists()
+        if looks_like_path:
+            if not Path(pretrained).is_file():
+                raise VlctlError(f"{pretrained}: OpenCLIP checkpoint file not found")
+        elif pretrained not in open_clip.list_pretrained_tags_by_model(model_name):
+            raise VlctlError(
+                f"unknown pretrained tag {pretrained!r} for OpenCLIP model {model_name!r}; known: "
+                f"{open_clip.list_pretrained_tags_by_model(model_name)} (or give a checkpoint file)"
+            )
+    try:
+        model, _, preprocess = open_clip.create_model_and_transforms(model_name, pretrained=pretrained, device=device)
+        tokenizer = open_clip.get_tokenizer(model_name)
+    except RuntimeError as e:
+        first = " ".join(str(e).split())[:600]
+        if pretrained is not None and Path(pretrained).is_file():  # strict load_state_dict: keys / shapes
+            raise VlctlError(
+                f"{pretrained}: checkpoint does not match OpenCLIP architecture {model_name!r}: {first}"
+            ) from None
+        # A tag whose weights are neither in the local cache nor downloadable (offline machine).
+        raise VlctlError(f"OpenCLIP {model_name!r} (pretrained={pretrained!r}): cannot load ({first})") from None
+    except (OSError, ValueError, KeyError, ImportError) as e:
+        raise VlctlError(f"OpenCLIP {model_name!r} (pretrained={pretrained!r}): cannot load ({e})") from None
+    return OpenCLIPEncoder(
+        model, model_name, preprocess, tokenizer, device=device, precision=precision, batch_size=batch_size
+    )

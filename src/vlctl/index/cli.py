@@ -1,0 +1,178 @@
+"""`vlctl index` and `vlctl search`: build a gallery from a folder of images, and query it.
+
+    vlctl index photos/ --encoder open_clip:ViT-B-32/laion2b_s34b_b79k --out gallery/
+    vlctl index photos/ --encoder hf:/models/siglip --out gallery/ --annotations labels.csv --index-kind hnsw
+    vlctl search gallery/ --text "a red bicycle" -k 10 --json
+    vlctl search gallery/ --image query.jpg
+    vlctl search gallery/ --embedding query.npy
+
+`register(sub, add)` adds both subcommands to vlctl's parser (cli.build_parser calls it).
+Heavy imports happen inside the handlers so `vlctl --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+from vlctl.config import add_config_args, config_from_args
+from vlctl.io import VlctlError
+
+_SHOWN_FAILURES = 10
+_INDEX_PREFIX = "index-"  # IndexConfig fields become --index-kind, --index-nlist, ...
+
+
+def _index_config_or_none(args: argparse.Namespace):
+    """The IndexConfig from --index-* flags, or None when none was given (keep the gallery's own)."""
+    from vlctl.index.gallery import IndexConfig
+
+    if all(getattr(args, _INDEX_PREFIX + f.name) is None for f in dataclasses.fields(IndexConfig)):
+        return None
+    return config_from_args(IndexConfig, args, prefix=_INDEX_PREFIX)
+
+
+def _cmd_index(args: argparse.Namespace) -> dict:
+    from vlctl.data.loaders import load_image_folder
+    from vlctl.encoders import create
+    from vlctl.index.extract import ExtractConfig, index_images
+    from vlctl.train.distributed import destroy_distributed, init_distributed
+
+    data = load_image_folder(args.dir, args.annotations, on_missing="skip" if args.skip_missing else "error")
+    if not data.images:
+        raise VlctlError(f"{args.dir}: no images found (extensions: jpg, jpeg, png, webp, bmp, gif, tif)")
+    extract = config_from_args(ExtractConfig, args)
+    device = args.device
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: one shard of the images per rank
+        device = str(init_distributed("cuda" if args.device.startswith("cuda") else "cpu").device)
+    encoder = create(args.encoder, device=device, precision=args.precision, batch_size=extract.batch_size)
+    captions = data.captions_by_image()
+    metadata = []
+    for i, rel in enumerate(data.images):
+        row = {"relpath": rel, **data.image_fields[i]}
+        if captions[i]:
+            row["captions"] = captions[i]
+        metadata.append(row)
+    gallery, report = index_images(
+        encoder,
+        data.image_paths(),
+        args.out,
+        metadata=metadata,
+        index_config=_index_config_or_none(args),
+        extract=extract,
+        encoder_spec=args.encoder,
+        progress=not args.no_progress,
+    )
+    destroy_distributed()  # only on success: after a failure on one rank a barrier would wait forever
+    if gallery is None:  # a torchrun rank other than 0; rank 0 reports
+        return report
+    report = {
+        "gallery": str(gallery.path),
+        "encoder_id": gallery.encoder_id,
+        "index": gallery.config.kind,
+        "missing_annotated_images": data.missing,
+        **report,
+    }
+    if not args.json:
+        for path, reason in report["failures"][:_SHOWN_FAILURES]:
+            print(f"[vlctl] skipped {reason}", file=sys.stderr)
+        if report["failed"] > _SHOWN_FAILURES:
+            print(
+                f"[vlctl] ... and {report['failed'] - _SHOWN_FAILURES} more skipped (--json lists all)", file=sys.stderr
+            )
+        report = {k: v for k, v in report.items() if k not in ("failures", "missing_annotated_images")}
+    return report
+
+
+def _load_query_embedding(path: str):
+    import numpy as np
+
+    try:
+        q = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise VlctlError(f"{path}: cannot read a query embedding .npy ({e})") from None
+    if q.ndim == 2 and q.shape[0] == 1:
+        q = q[0]
+    if q.ndim != 1:
+        raise VlctlError(f"{path}: expected one embedding of shape (dim,) or (1, dim), got {q.shape}")
+    return q
+
+
+def _cmd_search(args: argparse.Namespace) -> dict:
+    import numpy as np
+    import torch
+
+    from vlctl.encoders import create
+    from vlctl.index.extract import read_image
+    from vlctl.index.gallery import open_gallery
+
+    gallery = open_gallery(args.gallery)
+    if args.embedding is not None:  # a raw query vector: no encoder needed
+        result = gallery.search(_load_query_embedding(args.embedding), k=args.k)
+        query: dict = {"embedding": args.embedding}
+    else:
+        spec = args.encoder or gallery.encoder_spec
+        if not spec:
+            raise VlctlError(f"{args.gallery}: the gallery records no encoder spec; pass --encoder SPEC")
+        encoder = create(spec, device=args.device)
+        gallery.check_encoder(encoder.id)  # the same spec may now point at other weights
+        if args.text is not None:
+            result = gallery.search_texts(encoder, [args.text], k=args.k)
+            query = {"text": args.text}
+        else:
+            image = read_image(args.image)
+            pre = getattr(encoder, "preprocess_pil", None)
+            x = pre(image) if pre is not None else encoder.preprocess(np.asarray(image))
+            result = gallery.search_images(encoder, torch.as_tensor(x)[None], k=args.k)
+            query = {"image": args.image}
+    hits = [{"rank": r + 1, **h} for r, h in enumerate(result.hits(gallery)[0])]
+    if args.json:
+        return {"gallery": str(gallery.path), "encoder_id": gallery.encoder_id, "query": query, "hits": hits}
+    for h in hits:
+        print(f"{h['rank']:>4}  {h['score']:.4f}  {h.get('path', h['id'])}")
+    return {}
+
+
+def register(sub, add) -> None:
+    """Add `index` and `search` to the subparsers `sub`; `add` is cli.build_parser's helper
+    (adds the subparser with --json and the handler)."""
+    from vlctl.encoders.factory import SPEC_FORMS
+    from vlctl.index.extract import ExtractConfig
+    from vlctl.index.gallery import IndexConfig
+
+    spec_help = "encoder spec: " + " | ".join(SPEC_FORMS)
+    p = add(
+        sub, "index", "embed a folder of images into a searchable gallery (incremental: new images only)", _cmd_index
+    )
+    p.add_argument("dir", help="image folder (searched recursively)")
+    p.add_argument("--encoder", required=True, help=spec_help)
+    p.add_argument("--out", required=True, help="gallery directory (created, or added to)")
+    p.add_argument(
+        "--annotations",
+        default=None,
+        help="CSV / TSV / JSONL naming images (relative to DIR) with captions and attribute columns",
+    )
+    p.add_argument(
+        "--skip-missing", action="store_true", help="drop annotated images that are not on disk instead of failing"
+    )
+    p.add_argument("--device", default="cpu", help="torch device for the encoder (default: cpu)")
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        choices=["fp32", "fp16", "bf16"],
+        help="autocast precision on the device (default: fp32)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_config_args(p, ExtractConfig)
+    add_config_args(p, IndexConfig, prefix=_INDEX_PREFIX)
+
+    p = add(sub, "search", "search a gallery by text or by image", _cmd_search)
+    p.add_argument("gallery", help="gallery directory (made by `vlctl index`)")
+    q = p.add_mutually_exclusive_group(required=True)
+    q.add_argument("--text", help="query text")
+    q.add_argument("--image", help="query image file")
+    q.add_argument("--embedding", help="query embedding: a .npy file of shape (dim,) or (1, dim)")
+    p.add_argument("-k", type=int, default=10, help="number of results (default: 10)")
+    p.add_argument("--encoder", default=None, help=spec_help + " (default: the one recorded in the gallery)")
+    p.add_argument("--device", default="cpu", help="torch device for the encoder (default: cpu)")

@@ -1,0 +1,172 @@
+"""TEVI: the mask module, its two losses against naive references, fitting, scoring, files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score
+from torch import nn
+
+from vlctl.eval.editing import concept_auc_matrix, conditioning_accuracy, leakage_accuracy, top_activating
+from vlctl.io import VlctlError
+from vlctl.methods.sae import SparseAutoencoder
+from vlctl.methods.tevi import TEVI, TeviConfig, TeviMask, _TeviTrainer, edit
+
+D, S = 12, 6  # embedding dim, concepts
+
+
+def _world(n=1536, seed=0):
+    """Images = sum of 3 of 6 orthonormal concept directions; caption i names 2 of image i's 3
+    concepts, and its text embedding is the sum of their directions plus a little noise."""
+    g = torch.Generator().manual_seed(seed)
+    dirs = torch.linalg.qr(torch.randn(D, D, generator=g))[0][:S]  # (S, D) orthonormal
+    has = torch.rand(n, S, generator=g).argsort(1)[:, :3]
+    present = torch.zeros(n, S).scatter(1, has, 1.0)
+    named = torch.zeros(n, S).scatter(1, has[:, :2], 1.0)
+    img = present @ dirs
+    txt = named @ dirs + 0.05 * torch.randn(n, D, generator=g)
+    return img, txt, dirs, present.bool(), named.bool()
+
+
+@pytest.fixture(scope="module")
+def world():
+    img, txt, dirs, present, named = _world()
+    sae = SparseAutoencoder.from_concepts(dirs, center=False, init_b_pre="zeros", k=3, aux_k=0, lr=1e-2, epochs=20,
+                                          batch_size=256)
+    sae.fit(img, "enc-a")
+    assert sae.fvu_ < 0.05  # the concept directions explain the images
+    return sae, img, txt, dirs, present, named
+
+
+def _naive_scores(z, m, W, b, t):
+    e = (z[:, None, :] * m[None, :, :]) @ W + b  # (P, Q, d): every image edited by every text
+    return F.cosine_similarity(e, t[None, :, :], dim=-1)
+
+
+def test_mask_init_and_range():
+    cfg = TeviConfig(d=D, n_latents=S, hidden=8, mask_init_bias=-1.0, mask_temperature=0.5)
+    mask = TeviMask(cfg)
+    t = torch.randn(5, D)
+    m = mask(t)
+    assert m.shape == (5, S) and (m > 0).all() and (m < 1).all()
+    nn.init.zeros_(mask.mlp[-1].weight)
+    torch.testing.assert_close(mask(t), torch.full((5, S), torch.sigmoid(torch.tensor(-2.0)).item()))
+    torch.testing.assert_close(mask(3 * t), mask(t))  # the text embedding's scale does not matter
+    with pytest.raises(VlctlError, match="conditioning"):
+        TeviConfig(conditioning="both")
+
+
+@pytest.mark.parametrize("conditioning", ["positive", "negative"])
+def test_losses_match_naive_references(conditioning):
+    g = torch.Generator().manual_seed(1)
+    W = F.normalize(torch.randn(S, D, generator=g), dim=1)
+    b = torch.randn(D, generator=g)
+    z = torch.relu(torch.randn(7, S, generator=g))
+    t = torch.randn(7, D, generator=g)
+    mask = TeviMask(TeviConfig(d=D, n_latents=S, hidden=8, conditioning=conditioning, init_logit_scale=1.5))
+    loss, _ = _TeviTrainer(mask, W, b, None)(z, t)
+    m, s = mask(t), torch.tensor(1.5).exp()
+    target = torch.arange(7)
+    if conditioning == "positive":  # Eq. 10: image i edited by caption i, against every caption
+        logits = s * F.normalize(edit(z, m, W, b), dim=1) @ F.normalize(t, dim=1).T
+        want = (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
+    else:  # Eq. 11: logits[i, j] = cos(e_{i|j}, t_j); text i against images j edited by text i
+        logits = s * _naive_scores(z, m, W, b, t)
+        want = (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
+    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+
+
+def test_fit_learns_to_keep_named_concepts(world):
+    sae, img, txt, dirs, present, named = world
+    tevi = TEVI(hidden=32, lr=1e-2, epochs=15, batch_size=256).fit(sae, img, txt)
+    m = tevi.masks(txt)  # latents are the concepts (CG-SAE): one mask entry per concept
+    kept_named = m[named].mean()
+    kept_unnamed_present = m[present & ~named].mean()
+    # b_pre = 0 here, so cosines only see the mask up to scale: compare named to unnamed.
+    assert kept_unnamed_present < 0.2 * kept_named, (kept_named, kept_unnamed_present)
+    # Editing raises the alignment of every image with its own caption.
+    before = F.cosine_similarity(img, txt).mean()
+    after = F.cosine_similarity(tevi.edit(img, txt), txt).mean()
+    assert after > before + 0.05
+
+
+def test_scores_and_rerank_match_naive(world):
+    sae, img, txt, *_ = world
+    tevi = TEVI(hidden=16, epochs=1, batch_size=256).fit(sae, img, txt)
+    x, t = img[:40], txt[:30]
+    want = _naive_scores(sae.encode(x), tevi.masks(t), sae.model_.W_D, sae.model_.b_pre, t)
+    got = tevi.scores(x, t, chunk_size=(7, 11))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    base = (F.normalize(x, dim=1) @ F.normalize(t, dim=1).T).numpy()
+    rr = tevi.rerank(base, x, t, k=10)
+    for q in range(30):
+        cand = np.argsort(-base[:, q], kind="stable")[:10]
+        want_order = cand[np.argsort(-want[cand, q].numpy(), kind="stable")]
+        assert rr.order[:10, q].tolist() == want_order.tolist()
+        assert rr.order[10:, q].tolist() == np.argsort(-base[:, q], kind="stable")[10:].tolist()
+
+
+def test_save_load_and_refusals(world, tmp_path):
+    sae, img, txt, *_ = world
+    tevi = TEVI(hidden=16, epochs=1, batch_size=256, conditioning="negative").fit(sae, img, txt)
+    tevi.save(tmp_path / "t")
+    back = TEVI.load(tmp_path / "t", encoder_id="enc-a")
+    assert back.conditioning == "negative"
+    torch.testing.assert_close(back.scores(img[:20], txt[:20]), tevi.scores(img[:20], txt[:20]))
+    with pytest.raises(VlctlError, match="fitted on embeddings of encoder 'enc-a', not 'enc-b'"):
+        TEVI.load(tmp_path / "t", encoder_id="enc-b")
+    with pytest.raises(VlctlError, match="dimension 8, but the SAE/mask was fitted on dimension 12"):
+        back.scores(img[:5, :8], txt[:5, :8])
+    bad = img[:5].clone()
+    bad[0, 0] = float("inf")
+    with pytest.raises(VlctlError, match="NaN or Inf"):
+        back.edit(bad, txt[:5])
+    with pytest.raises(VlctlError, match="encoder 'enc-b' cannot train a mask over an SAE fitted on 'enc-a'"):
+        TEVI(epochs=1).fit(sae, img, txt, encoder_id="enc-b")
+    (tmp_path / "t" / "mask.safetensors").write_bytes(b"junk")
+    with pytest.raises(VlctlError, match="mask.safetensors"):
+        TEVI.load(tmp_path / "t")
+
+
+def test_text_encoder_finetuning(world, tmp_path):
+    sae, img, txt, *_ = world
+    tokens = torch.arange(len(img)) % 50  # a toy "tokenizer": 50 caption ids
+    text_encoder = nn.Embedding(50, D)
+    before = text_encoder.weight.detach().clone()
+    tevi = TEVI(hidden=16, epochs=1, batch_size=256, text_lr=1e-2).fit(sae, img, text_encoder=text_encoder, texts=tokens)
+    assert not torch.equal(tevi.text_encoder_.weight, before)  # the text tower trained at its own lr
+    tevi.save(tmp_path / "ft")
+    with pytest.raises(VlctlError, match="fine-tuned its text encoder"):
+        TEVI.load(tmp_path / "ft")
+    back = TEVI.load(tmp_path / "ft", text_encoder=nn.Embedding(50, D))
+    assert torch.equal(back.text_encoder_.weight, tevi.text_encoder_.weight)
+    with pytest.raises(VlctlError, match="exactly one of"):
+        TEVI(epochs=1).fit(sae, img, txt, text_encoder=text_encoder, texts=tokens)
+
+
+def test_editing_metrics_by_hand():
+    classes = np.eye(3)
+    labels = np.array([0, 1, 2, 0])
+    original = np.eye(3)[[0, 1, 2, 0]]
+    edited = np.eye(3)[[0, 1, 0, 2]]  # images 2 and 3 misclassified after editing
+    in_caption = np.array([True, True, False, False])
+    r = conditioning_accuracy(original, edited, classes, labels, in_caption)
+    assert r == {"original": 100.0, "in_caption": 100.0, "not_in_caption": 0.0, "chance": 100 / 3}
+    swapped = np.eye(3)[[0, 2, 2, 1]]
+    caption_labels = np.array([1, 2, -1, 1])
+    leak = leakage_accuracy(swapped, classes, labels, caption_labels)
+    # named pairs: 0 (pred 0 = image), 1 (pred 2 = caption), 3 (pred 1 = caption); all differ
+    assert leak == pytest.approx({"image_accuracy": 100 / 3, "follows_image": 100 / 3, "follows_caption": 200 / 3,
+                                  "n_pairs": 3})
+
+
+def test_concept_auc_matrix_matches_sklearn():
+    rng = np.random.default_rng(0)
+    z = rng.random((50, 3))
+    present = rng.random((50, 2)) > 0.5
+    auc = concept_auc_matrix(z, present)
+    want = [[100 * roc_auc_score(present[:, s], z[:, r]) for s in range(2)] for r in range(3)]
+    np.testing.assert_allclose(auc, want)
+    assert top_activating(z, 4).shape == (3, 4) and top_activating(z, 1)[0, 0] == z[:, 0].argmax()
