@@ -55,7 +55,7 @@ def test_mask_init_and_range():
     torch.testing.assert_close(mask(t), torch.full((5, S), torch.sigmoid(torch.tensor(-2.0)).item()))
     torch.testing.assert_close(mask(3 * t), mask(t))  # the text embedding's scale does not matter
     with pytest.raises(VlctlError, match="conditioning"):
-        TeviConfig(conditioning="both")
+        TeviConfig(conditioning="all")
 
 
 @pytest.mark.parametrize("conditioning", ["positive", "negative"])
@@ -79,7 +79,7 @@ def test_losses_match_naive_references(conditioning):
 
 
 def test_fit_learns_to_keep_named_concepts(world):
-    sae, img, txt, dirs, present, named = world
+    sae, img, txt, _dirs, present, named = world
     tevi = TEVI(hidden=32, lr=1e-2, epochs=15, batch_size=256).fit(sae, img, txt)
     m = tevi.masks(txt)  # latents are the concepts (CG-SAE): one mask entry per concept
     kept_named = m[named].mean()
@@ -170,3 +170,27 @@ def test_concept_auc_matrix_matches_sklearn():
     want = [[100 * roc_auc_score(present[:, s], z[:, r]) for s in range(2)] for r in range(3)]
     np.testing.assert_allclose(auc, want)
     assert top_activating(z, 4).shape == (3, 4) and top_activating(z, 1)[0, 0] == z[:, 0].argmax()
+
+
+def test_gallery_reranker_rescores_candidates_exactly(world, tmp_path):
+    from vlctl.index.gallery import create_gallery
+
+    sae, img, txt, *_ = world
+    tevi = TEVI(hidden=16, epochs=1, batch_size=256).fit(sae, img, txt)
+    gallery = create_gallery(tmp_path / "g", "enc-a", D)
+    gallery = gallery.add(img[:300].numpy())  # add returns the re-opened gallery
+    queries = F.normalize(txt[:4], dim=1).numpy()
+    res = gallery.search(queries, k=5, reranker=tevi.gallery_reranker(), candidates=50)
+    cached = gallery.search(queries, k=5, reranker=tevi.gallery_reranker(tevi.encode_gallery(gallery)), candidates=50)
+    assert np.array_equal(cached.ids, res.ids) and np.allclose(cached.scores, res.scores, atol=1e-6)
+    base = gallery.search(queries, k=50)
+    exact = tevi.scores(F.normalize(img[:300], dim=1), txt[:4]).numpy()  # (300, 4); galleries store unit vectors
+    for q in range(4):
+        cand = base.ids[q]
+        want = cand[np.argsort(-exact[cand, q], kind="stable")[:5]]
+        assert res.ids[q].tolist() == want.tolist()
+        np.testing.assert_allclose(res.scores[q], exact[want, q], rtol=1e-5, atol=1e-6)
+    other = create_gallery(tmp_path / "o", "enc-b", D)
+    other = other.add(img[:10].numpy())
+    with pytest.raises(VlctlError, match="not 'enc-a'"):
+        other.search(queries, k=2, reranker=tevi.gallery_reranker())

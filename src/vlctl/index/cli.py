@@ -99,6 +99,16 @@ def _load_query_embedding(path: str):
     return q
 
 
+def _tevi_reranker(spec: str, gallery):
+    """`tevi:DIR` -> a Reranker from a saved TEVI (refused unless fitted on the gallery's encoder)."""
+    from vlctl.methods.tevi import TEVI
+
+    kind, _, path = spec.partition(":")
+    if kind != "tevi" or not path:
+        raise VlctlError(f"--rerank {spec!r}: expected tevi:DIR (a directory written by `vlctl fit tevi`)")
+    return TEVI.load(path, encoder_id=gallery.encoder_id).gallery_reranker()
+
+
 def _cmd_search(args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
@@ -118,8 +128,11 @@ def _cmd_search(args: argparse.Namespace) -> dict:
         encoder = create(spec, device=args.device)
         gallery.check_encoder(encoder.id)  # the same spec may now point at other weights
         if args.text is not None:
-            result = gallery.search_texts(encoder, [args.text], k=args.k)
-            query = {"text": args.text}
+            kw = {}
+            if args.rerank:
+                kw = {"reranker": _tevi_reranker(args.rerank, gallery), "candidates": args.rerank_candidates}
+            result = gallery.search_texts(encoder, [args.text], k=args.k, **kw)
+            query = {"text": args.text, **({"rerank": args.rerank} if args.rerank else {})}
         else:
             image = read_image(args.image)
             pre = getattr(encoder, "preprocess_pil", None)
@@ -173,6 +186,9 @@ def register(sub, add) -> None:
     q.add_argument("--text", help="query text")
     q.add_argument("--image", help="query image file")
     q.add_argument("--embedding", help="query embedding: a .npy file of shape (dim,) or (1, dim)")
+    p.add_argument("--rerank", default=None, help="with --text: re-score the top candidates with tevi:DIR "
+                   "(a TEVI fitted on the gallery's encoder)")
+    p.add_argument("--rerank-candidates", type=int, default=100, help="candidates the reranker sees (default: 100)")
     p.add_argument("-k", type=int, default=10, help="number of results (default: 10)")
     p.add_argument("--encoder", default=None, help=spec_help + " (default: the one recorded in the gallery)")
     p.add_argument("--device", default="cpu", help="torch device for the encoder (default: cpu)")

@@ -39,7 +39,7 @@ def _open(cache_dir: str, need_texts: bool):
 
 
 def _cmd_fit_sae(args: argparse.Namespace) -> dict:
-    from vlctl.methods.sae import TopKSAEConfig, SparseAutoencoder, _ARCH_FIELDS
+    from vlctl.methods.sae import _ARCH_FIELDS, SparseAutoencoder, TopKSAEConfig
 
     cache = _open(args.cache, need_texts=False)
     arch = config_from_args(TopKSAEConfig, args)

@@ -434,37 +434,15 @@ class SparseAutoencoder:
     def load(cls, path: str | Path, encoder_id: str | None = None) -> SparseAutoencoder:
         """Load a saved SAE; refuse it (VlctlError naming the file) if it was fitted on another
         encoder than `encoder_id` or if its weights do not match its config."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         path = Path(path)
-        cfg_path, w_path = path / CONFIG_FILE, path / WEIGHTS_FILE
-        meta = read_json(cfg_path, "SAE config")
-        try:
-            cfg = config_from_dict(TopKSAEConfig, meta["config"], source=str(cfg_path))
-            saved_id = meta["encoder_id"]
-        except (KeyError, TypeError) as e:
-            raise VlctlError(f"{cfg_path}: corrupt SAE config ({e!r})") from None
-        if encoder_id is not None and encoder_id != saved_id:
-            raise VlctlError(f"{cfg_path}: SAE was fitted on embeddings of encoder {saved_id!r}, not {encoder_id!r}")
-        try:
-            state = load_file(str(w_path))
-        except (OSError, SafetensorError) as e:
-            raise VlctlError(f"{w_path}: cannot read SAE weights ({e})") from None
+        cfg, meta, saved_id = read_fitted_config(path / CONFIG_FILE, TopKSAEConfig, "SAE", encoder_id)
+        state = read_weights(path / WEIGHTS_FILE)
         concept = state.get("W_D") if cfg.concepts_fixed else None
         try:
             model = TopKSAE(cfg, concept)
         except VlctlError as e:
-            raise VlctlError(f"{w_path}: weights do not match {cfg_path}: {e}") from None
-        expected = model.state_dict()
-        bad = sorted(set(expected) ^ set(state)) + [
-            f"{k} {list(state[k].shape)} vs {list(expected[k].shape)}"
-            for k in sorted(set(expected) & set(state))
-            if state[k].shape != expected[k].shape or state[k].dtype != expected[k].dtype
-        ]
-        if bad:
-            raise VlctlError(f"{w_path}: weights do not match {cfg_path}: {bad}")
-        model.load_state_dict(state)
+            raise VlctlError(f"{path / WEIGHTS_FILE}: weights do not match {path / CONFIG_FILE}: {e}") from None
+        load_checked_state(model, state, path / WEIGHTS_FILE, path / CONFIG_FILE)
         model.eval()
         train_meta = meta.get("training", {})
         est = cls(
@@ -477,3 +455,43 @@ class SparseAutoencoder:
         if meta.get("fvu") is not None:
             est.fvu_ = float(meta["fvu"])
         return est
+
+
+# --- files shared by every fitted module (SAE, TEVI mask) ---------------------------------------
+
+
+def read_fitted_config(cfg_path: Path, cls: type, what: str, encoder_id: str | None) -> tuple[Any, dict, str]:
+    """Read a fitted module's JSON ({"config": ..., "encoder_id": ...}) -> (config, meta, encoder id);
+    refuse a corrupt file or one fitted on another encoder than `encoder_id` (None: any)."""
+    meta = read_json(cfg_path, f"{what} config")
+    try:
+        cfg = config_from_dict(cls, meta["config"], source=str(cfg_path))
+        saved_id = meta["encoder_id"]
+    except (KeyError, TypeError) as e:
+        raise VlctlError(f"{cfg_path}: corrupt {what} config ({e!r})") from None
+    if encoder_id is not None and encoder_id != saved_id:
+        raise VlctlError(f"{cfg_path}: {what} was fitted on embeddings of encoder {saved_id!r}, not {encoder_id!r}")
+    return cfg, meta, saved_id
+
+
+def read_weights(w_path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(w_path))
+    except (OSError, SafetensorError) as e:
+        raise VlctlError(f"{w_path}: cannot read weights ({e})") from None
+
+
+def load_checked_state(module: nn.Module, state: dict, w_path: Path, cfg_path: Path) -> None:
+    """Load `state` into `module` only if names, shapes and dtypes all match; else name both files."""
+    expected = module.state_dict()
+    bad = sorted(set(expected) ^ set(state)) + [
+        f"{k} {list(state[k].shape)} vs {list(expected[k].shape)}"
+        for k in sorted(set(expected) & set(state))
+        if state[k].shape != expected[k].shape or state[k].dtype != expected[k].dtype
+    ]
+    if bad:
+        raise VlctlError(f"{w_path}: weights do not match {cfg_path}: {bad}")
+    module.load_state_dict(state)

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlctl.config import config_from_dict, config_to_dict, opt
-from vlctl.io import VlctlError, atomic_dir, atomic_save_safetensors, atomic_write_json, read_json
+from vlctl.config import config_to_dict, opt
+from vlctl.io import VlctlError, atomic_dir, atomic_save_safetensors, atomic_write_json
 
 
 def conditioned_scores(
@@ -104,6 +104,14 @@ def conditioned_scores(
     return torch.cat(rows, dim=0) if rows else tb.new_zeros((0, Q))
 
 
+class TopKCodes(NamedTuple):
+    """Sparse SAE codes of n inputs: latent `indices` (n, K) long and their `values` (n, K)."""
+
+    indices: torch.Tensor
+    values: torch.Tensor
+    n_latents: int
+
+
 class Reranked(NamedTuple):
     order: torch.Tensor  # (P, Q) long: image indices per text, best first
     scores: torch.Tensor  # (k, Q) the rescored top-k, in the new order
@@ -145,34 +153,51 @@ def pair_scores(
     image_idx: torch.Tensor,
     text_idx: torch.Tensor,
     support: int | None = None,
+    pair_chunk: int = 2048,
 ) -> torch.Tensor:
     """cos(e_{p|q}, t_q) for the listed pairs (image_idx[i], text_idx[i]) only -> (n_pairs,).
 
-    Arguments as in `conditioned_scores` (`support` is its `k`). Pairs are grouped by image: each
-    image's K decoder rows and their Gram block are gathered once, and all of its texts are
-    scored with two small matmuls, so the work is O(n_images_used·K²·d + n_pairs·K·(d + K)):
-    no per-text u = W_D t̂ (Q·d·d1) and no dense d1-long product.
+    Arguments as in `conditioned_scores` (`support` is its `k`). With many texts per image
+    (batch reranking), u_q = W_D t̂_q is computed once per text that occurs and the Gram block
+    W_D[S_p] W_D[S_p]^T once per image that occurs, and each pair costs one K x K quadratic form:
+    O(Q'·d·d1 + P'·K²·d + n_pairs·K²) for the Q' texts and P' images used, extra memory
+    O(Q'·d1 + P'·K² + pair_chunk·K²). With fewer than K texts per image on average (one query's
+    candidates) each edited embedding is built from its K decoder rows instead: O(n_pairs·K·d).
     """
     t_hat = text_emb / text_emb.norm(dim=1, keepdim=True).clamp_min(1e-12)  # (Q, d)
     k = support if support is not None else int((latents != 0).sum(1).max())
     k = max(1, min(k, latents.shape[1]))
-    order = torch.argsort(image_idx, stable=True)
-    imgs, counts = torch.unique_consecutive(image_idx[order], return_counts=True)
+    texts, qi = torch.unique(text_idx, return_inverse=True)  # the Q' texts used; qi: (n_pairs,)
+    images, pi = torch.unique(image_idx, return_inverse=True)  # the P' images used
+    m = masks[texts]  # (Q', d1)
+    z = latents[images]
+    idx = z.abs().topk(k, dim=1).indices  # (P', K)
+    vals = z.gather(1, idx)
     out = torch.empty(len(image_idx), dtype=latents.dtype)
-    start = 0
-    for p, n in zip(imgs.tolist(), counts.tolist()):
-        rows = order[start : start + n]
-        start += n
-        q = text_idx[rows]
-        z = latents[p]
-        idx = z.abs().topk(k).indices  # (K,)
-        vals = z[idx]
-        dec = decoder[idx]  # (K, d)
-        y = vals[None] * masks[q[:, None], idx[None, :]]  # (n, K), gathered without copying whole mask rows
-        t_q = t_hat[q]  # (n, d)
-        num = (y * (t_q @ dec.T)).sum(1) + t_q @ b_pre  # (n,): e_{p|q} · t̂_q
-        sq = ((y @ (dec @ dec.T)) * y).sum(1) + 2 * y @ (dec @ b_pre) + b_pre @ b_pre
-        out[rows] = num / sq.clamp_min(1e-24).sqrt()
+    if len(image_idx) < len(images) * k:
+        # Few texts per image (e.g. one query's candidates): build each edited embedding from its K
+        # decoder rows, K·d per pair, cheaper than a K x K Gram block (K²·d) per image.
+        t_q = t_hat[texts]
+        for i0 in range(0, len(image_idx), pair_chunk):
+            p, q = pi[i0 : i0 + pair_chunk], qi[i0 : i0 + pair_chunk]
+            sp = idx[p]  # (n, K)
+            y = vals[p] * m[q[:, None], sp]  # (n, K): z_p ⊙ m_q on S_p
+            e = (y[:, None, :] @ decoder[sp]).squeeze(1) + b_pre  # (n, d): e_{p|q}
+            out[i0 : i0 + pair_chunk] = (e * t_q[q]).sum(1) / e.norm(dim=1).clamp_min(1e-12)
+        return out
+    u = t_hat[texts] @ decoder.T  # (Q', d1)
+    tb = t_hat[texts] @ b_pre  # (Q',)
+    dec = decoder[idx]  # (P', K, d)
+    gram = dec @ dec.transpose(1, 2)  # (P', K, K)
+    wb = (decoder @ b_pre)[idx]  # (P', K)
+    bb = b_pre @ b_pre
+    for i0 in range(0, len(image_idx), pair_chunk):
+        p, q = pi[i0 : i0 + pair_chunk], qi[i0 : i0 + pair_chunk]
+        sp = idx[p]  # (n, K)
+        y = vals[p] * m[q[:, None], sp]  # (n, K): z_p ⊙ m_q on S_p
+        num = (y * u[q[:, None], sp]).sum(1) + tb[q]  # (n,): e_{p|q} · t̂_q
+        sq = ((y[:, None, :] @ gram[p]).squeeze(1) * y).sum(1) + 2 * (y * wb[p]).sum(1) + bb  # (n,): ||e_{p|q}||²
+        out[i0 : i0 + pair_chunk] = num / sq.clamp_min(1e-24).sqrt()
     return out
 
 
@@ -200,7 +225,7 @@ def rerank_conditioned(
 
 # --- the mask ----------------------------------------------------------------------------------
 
-CONDITIONING = ("positive", "negative")
+CONDITIONING = ("positive", "negative", "both")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,7 +234,7 @@ class TeviConfig:
     n_latents: int = opt(16384, "latents d1 of the SAE the mask acts on")
     hidden: int = opt(512, "width of the mask MLP's two hidden layers")
     conditioning: str = opt("positive", "positive (Eq. 10: each image edited by its own caption) | negative "
-                            "(Eq. 11: every image of the batch edited by every text of the batch)")
+                            "(Eq. 11: every image of the batch edited by every text of the batch) | both (their mean)")
     mask_init_bias: float = opt(0.0, "initial bias of the MLP's output layer: sigmoid(bias) is the initial mask value")
     mask_temperature: float = opt(1.0, "m = sigmoid(f_m(t) / temperature); < 1 makes masks closer to binary")
     init_logit_scale: float = opt(math.log(1 / 0.07), "initial log inverse temperature of the InfoNCE (CLIP's)")
@@ -269,16 +294,20 @@ class _TeviTrainer(nn.Module):
         t = self.text_encoder(texts) if self.text_encoder is not None else texts  # (n, d)
         m = self.mask(t)  # (n, d1)
         s = self.mask.scale()
-        if self.mask.cfg.conditioning == "positive":
+        mode = self.mask.cfg.conditioning
+        loss = 0.0
+        if mode in ("positive", "both"):
             e = edit(latents, m, self.decoder, self.b_pre)
-            loss = clip_loss(F.normalize(e, dim=-1), F.normalize(t, dim=-1), s)
-        else:
+            loss = loss + clip_loss(F.normalize(e, dim=-1), F.normalize(t, dim=-1), s)
+        if mode in ("negative", "both"):
             # S[i, j] = cos(e_{i|j}, t_j): row i is image i against every text (the image->text
             # term), column i is text i against every image edited by text i (text->image).
-            z, m, t = all_gather_with_grad(latents), all_gather_with_grad(m), all_gather_with_grad(t)
-            S = s * conditioned_scores(z, m, self.decoder, self.b_pre, t, chunk_size=1024)
+            z, m_all, t_all = all_gather_with_grad(latents), all_gather_with_grad(m), all_gather_with_grad(t)
+            S = s * conditioned_scores(z, m_all, self.decoder, self.b_pre, t_all, chunk_size=1024)
             target = torch.arange(S.shape[0], device=S.device)
-            loss = (F.cross_entropy(S, target) + F.cross_entropy(S.T, target)) / 2
+            loss = loss + (F.cross_entropy(S, target) + F.cross_entropy(S.T, target)) / 2
+        if mode == "both":
+            loss = loss / 2
         return loss, m.mean()
 
 
@@ -447,15 +476,80 @@ class TEVI:
         return conditioned_scores(sae.encode(x), mask(t), sae.W_D, sae.b_pre, t, chunk_size=chunk_size, k=sae.cfg.k)
 
     @torch.no_grad()
-    def rerank(self, base_scores: Any, image_emb: Any, text_emb: Any, k: int = 100) -> Reranked:
-        """Rank images per text by `base_scores` (P, Q) (e.g. CLIP cosine), re-score the top k of
-        each text with TEVI. See `rerank`."""
+    def rerank(self, base_scores: Any, image_emb: Any, text_emb: Any, k: int = 100, direction: str = "t2i") -> Reranked:
+        """Rank by `base_scores` (P, Q) (e.g. CLIP cosine), re-score the top k with TEVI.
+
+        direction "t2i": per text (column), its top-k images are re-scored; `order` is (P, Q).
+        direction "i2t": per image (row), its top-k texts are re-scored; `order` is (Q, P), column
+        p holding image p's texts. See `rerank`."""
         mask = self._check_fitted()
         x = _embeddings(image_emb, "image embeddings", mask.cfg.d)
         t = _embeddings(text_emb, "text embeddings", mask.cfg.d)
         sae = self.sae_.model_
-        return rerank_conditioned(torch.as_tensor(np.asarray(base_scores)), k, sae.encode(x), mask(t), sae.W_D,
-                                  sae.b_pre, t, support=sae.cfg.k)
+        z, m = sae.encode(x), mask(t)
+        base = torch.as_tensor(np.asarray(base_scores))
+        if direction == "t2i":
+            return rerank_conditioned(base, k, z, m, sae.W_D, sae.b_pre, t, support=sae.cfg.k)
+        if direction != "i2t":
+            raise VlctlError(f"direction must be 't2i' or 'i2t', got {direction!r}")
+
+        def rescore(cand: torch.Tensor, image_idx: torch.Tensor) -> torch.Tensor:  # cand: (k, P) texts
+            p = image_idx[None, :].expand_as(cand)
+            s = pair_scores(z, m, sae.W_D, sae.b_pre, t, p.reshape(-1), cand.reshape(-1), sae.cfg.k)
+            return s.reshape(cand.shape)
+
+        return rerank(base.T, k, rescore)
+
+    @torch.no_grad()
+    def encode_gallery(self, gallery: Any, batch_size: int = 4096) -> TopKCodes:
+        """SAE codes of every gallery row as (indices, values), each (n, K), computed once so that
+        reranking a query only gathers its candidates' codes (the SAE encoder is the costly
+        part: d·d1 per row)."""
+        self._check_fitted()
+        gallery.check_encoder(self.encoder_id_)
+        sae = self.sae_.model_
+        idx, vals = [], []
+        for i0 in range(0, len(gallery), batch_size):
+            rows = np.arange(i0, min(i0 + batch_size, len(gallery)))
+            z = sae.encode(_embeddings(gallery.vectors(rows), f"{gallery.path} embeddings", sae.cfg.d))
+            top = z.topk(sae.cfg.k, dim=1)
+            idx.append(top.indices)
+            vals.append(top.values)
+        d1 = sae.cfg.n_latents
+        empty = torch.zeros(0, sae.cfg.k)
+        return TopKCodes(torch.cat(idx) if idx else empty.long(), torch.cat(vals) if vals else empty, d1)
+
+    def gallery_reranker(self, codes: TopKCodes | None = None) -> Callable[[np.ndarray, np.ndarray, Any], np.ndarray]:
+        """A `vlctl.index.Reranker`: re-scores a gallery search's candidates with exact TEVI
+        scores, the queries being text embeddings. Refuses a gallery of another encoder.
+        `codes`: the gallery's SAE codes from `encode_gallery` (else encoded per query)."""
+        mask = self._check_fitted()
+        sae = self.sae_.model_
+
+        @torch.no_grad()
+        def rerank_fn(queries: np.ndarray, candidate_ids: np.ndarray, gallery: Any) -> np.ndarray:
+            gallery.check_encoder(self.encoder_id_)
+            ids = np.asarray(candidate_ids, dtype=np.int64)  # (q, c); -1 = no candidate
+            valid = ids >= 0
+            rows = np.unique(ids[valid])
+            if codes is not None:
+                if len(codes.indices) != len(gallery):
+                    raise VlctlError(f"{gallery.path}: SAE codes cover {len(codes.indices)} rows, gallery has "
+                                     f"{len(gallery)}; re-run encode_gallery after adding")
+                r = torch.as_tensor(rows)
+                z = torch.zeros(len(rows), codes.n_latents).scatter_(1, codes.indices[r], codes.values[r])
+            else:
+                z = sae.encode(_embeddings(gallery.vectors(rows), f"{gallery.path} embeddings", mask.cfg.d))
+            t = _embeddings(queries, "query embeddings", mask.cfg.d)
+            image_pos = np.searchsorted(rows, ids[valid])
+            text_pos = np.nonzero(valid)[0]  # query of each valid candidate (row-major order)
+            s = pair_scores(z, mask(t), sae.W_D, sae.b_pre, t, torch.as_tensor(image_pos), torch.as_tensor(text_pos),
+                            support=sae.cfg.k)
+            out = np.full(ids.shape, -np.inf, dtype=np.float32)
+            out[valid] = s.numpy()
+            return out
+
+        return rerank_fn
 
     # -- files
 
@@ -480,27 +574,17 @@ class TEVI:
         """Load a saved TEVI; refuse it if it was fitted on another encoder than `encoder_id`, or if
         its weights do not match its config. A fine-tuned text encoder is loaded into
         `text_encoder` (same architecture), which is then required."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        from vlctl.methods.sae import SparseAutoencoder
+        from vlctl.methods.sae import SparseAutoencoder, load_checked_state, read_fitted_config, read_weights
 
         path = Path(path)
         cfg_path, w_path = path / TEVI_CONFIG_FILE, path / MASK_FILE
-        meta = read_json(cfg_path, "TEVI config")
-        try:
-            cfg = config_from_dict(TeviConfig, meta["config"], source=str(cfg_path))
-            saved_id = meta["encoder_id"]
-        except (KeyError, TypeError) as e:
-            raise VlctlError(f"{cfg_path}: corrupt TEVI config ({e!r})") from None
-        if encoder_id is not None and encoder_id != saved_id:
-            raise VlctlError(f"{cfg_path}: TEVI was fitted on embeddings of encoder {saved_id!r}, not {encoder_id!r}")
+        cfg, meta, saved_id = read_fitted_config(cfg_path, TeviConfig, "TEVI", encoder_id)
         sae = SparseAutoencoder.load(path / SAE_DIR, encoder_id=saved_id)
         if (sae.config_.d, sae.config_.n_latents) != (cfg.d, cfg.n_latents):
             raise VlctlError(f"{cfg_path}: mask is for d={cfg.d}, d1={cfg.n_latents} but {path / SAE_DIR} has "
                              f"d={sae.config_.d}, d1={sae.config_.n_latents}")
         mask = TeviMask(cfg)
-        _load_state(mask, w_path, cfg_path, load_file, SafetensorError)
+        load_checked_state(mask, read_weights(w_path), w_path, cfg_path)
         est = cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(TeviConfig)
                      if f.name not in ("d", "n_latents")},
                   **{k: v for k, v in meta.get("training", {}).items()
@@ -510,21 +594,6 @@ class TEVI:
         if meta.get("text_encoder_finetuned"):
             if text_encoder is None:
                 raise VlctlError(f"{path}: TEVI fine-tuned its text encoder; pass the same architecture as text_encoder")
-            _load_state(text_encoder, path / TEXT_ENCODER_FILE, cfg_path, load_file, SafetensorError)
+            load_checked_state(text_encoder, read_weights(path / TEXT_ENCODER_FILE), path / TEXT_ENCODER_FILE, cfg_path)
             est.text_encoder_ = text_encoder.eval()
         return est
-
-
-def _load_state(module: nn.Module, w_path: Path, cfg_path: Path, load_file, error) -> None:
-    try:
-        state = load_file(str(w_path))
-    except (OSError, error) as e:
-        raise VlctlError(f"{w_path}: cannot read weights ({e})") from None
-    expected = module.state_dict()
-    bad = sorted(set(expected) ^ set(state)) + [
-        f"{k} {list(state[k].shape)} vs {list(expected[k].shape)}"
-        for k in sorted(set(expected) & set(state)) if state[k].shape != expected[k].shape
-    ]  # fmt: skip
-    if bad:
-        raise VlctlError(f"{w_path}: weights do not match {cfg_path}: {bad}")
-    module.load_state_dict(state)

@@ -107,7 +107,8 @@ def caption_relevance(img_vals: np.ndarray, cap_vals: np.ndarray) -> np.ndarray:
     return rel
 
 
-def _embed(encoder_dir: Path, test_dir: Path, work: Path) -> None:
+def embed_split(encoder_dir: Path, split_dir: Path, work: Path):
+    """Embed a MAD split's images and captions into `work/cache` -> (encoder, EmbeddingCache)."""
     import torch
 
     from vlctl.data.cache import embed
@@ -116,9 +117,16 @@ def _embed(encoder_dir: Path, test_dir: Path, work: Path) -> None:
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     encoder = load_encoder(encoder_dir)
-    data = load_mad(test_dir)
+    data = load_mad(split_dir)
     cache = embed(encoder, images=data["images"], texts=[lab["caption"] for lab in data["labels"]],
-                  data_id=mad_dataset_id(test_dir), root=work / "cache")
+                  data_id=mad_dataset_id(split_dir), root=work / "cache")
+    return encoder, cache
+
+
+def _embed(encoder_dir: Path, test_dir: Path, work: Path) -> None:
+    import torch
+
+    encoder, cache = embed_split(encoder_dir, test_dir, work)
     classes = {}
     with torch.no_grad():
         for c in CATEGORIES:
@@ -220,7 +228,7 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: MadClipRecipe 
     cfg = cfg or load_preset(quick)
     runner = Runner(out, force=force, stages=stages)
     t_start = time.perf_counter()
-    data_dir, train_dir, embed_dir, _ = clip_stages(runner, cfg)
+    data_dir, _train_dir, embed_dir, _ = clip_stages(runner, cfg)
 
     # Evaluate: pure metrics over the cached arrays.
     emb = np.load(embed_dir / "embeddings.npz")

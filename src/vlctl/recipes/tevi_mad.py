@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from vlctl.config import config_from_dict, config_to_dict, opt
-from vlctl.data.mad import CATEGORIES, VALUES, load_mad, mad_dataset_id
+from vlctl.data.mad import CATEGORIES, VALUES, load_mad
 from vlctl.eval import metrics
 from vlctl.eval.editing import concept_auc_matrix, conditioning_accuracy, leakage_accuracy, top_activating
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
@@ -79,16 +79,7 @@ def load_preset(quick: bool) -> TeviMadRecipe:
 
 
 def _embed_train(encoder_dir: Path, train_dir: Path, work: Path) -> None:
-    import torch
-
-    from vlctl.data.cache import embed
-    from vlctl.encoders import load_encoder
-
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    encoder = load_encoder(encoder_dir)
-    data = load_mad(train_dir)
-    cache = embed(encoder, images=data["images"], texts=[lab["caption"] for lab in data["labels"]],
-                  data_id=mad_dataset_id(train_dir), root=work / "cache")
+    encoder, cache = mad_clip.embed_split(encoder_dir, train_dir, work)
     atomic_save_npz(work / "embeddings.npz", image_emb=np.asarray(cache.image_emb), text_emb=np.asarray(cache.text_emb))
     atomic_write_json(work / "encoder.json", {"encoder_id": encoder.id})
 
@@ -147,16 +138,14 @@ def _sweep(cfg: TeviMadRecipe, train: dict, test_img: np.ndarray, test_emb, img_
 # --- evaluation --------------------------------------------------------------------------------
 
 
-def _rerank_scores(base: np.ndarray, exact: np.ndarray, k: int, axis: int) -> np.ndarray:
-    """Scores whose ranking along `axis` is TEVI-rerank's: CLIP's top k (per column for axis 0 =
-    text->image, per row for axis 1 = image->text) reordered by TEVI, the rest in CLIP order
-    below them. TEVI cosines are in [-1, 1], so +10 lifts the re-scored candidates above the
-    rest without changing their order. Equal to `TEVI.rerank`'s order (tested)."""
-    order = np.argsort(-base, axis=axis, kind="stable")
-    top = np.take(order, np.arange(min(k, base.shape[axis])), axis=axis)
-    out = base.copy()
-    np.put_along_axis(out, top, np.take_along_axis(exact, top, axis=axis) + 10.0, axis=axis)
-    return out
+def recall_from_order(order: np.ndarray, relevant: np.ndarray, ks=(1, 5, 10)) -> dict[str, float]:
+    """Recall@k (percent) of rankings given as orders: `order` (n_candidates, n_queries) lists
+    each query's candidates best first (column = query, as `TEVI.rerank` returns it) and
+    `relevant` (n_candidates, n_queries) marks the correct ones. A query hits at k when any of its
+    first k candidates is relevant. There are no ties: the order is the ranking."""
+    hits = np.take_along_axis(relevant, order, axis=0)  # (n_candidates, n_queries), in rank order
+    first = np.where(hits.any(0), hits.argmax(0), len(order))  # rank of the first relevant one
+    return {f"@{k}": float(100.0 * (first < k).mean()) for k in ks}
 
 
 def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, cap_vals, out: Path, variant: str) -> dict:
@@ -186,18 +175,14 @@ def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, ca
     exact = tevi.scores(img, txt).numpy()
     exact_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    rr = tevi.rerank(base, img, txt, k=cfg.rerank_k)
+    rr_t2i = tevi.rerank(base, img, txt, k=cfg.rerank_k, direction="t2i").order.numpy()  # (P, Q)
+    rr_i2t = tevi.rerank(base, img, txt, k=cfg.rerank_k, direction="i2t").order.numpy()  # (Q, P)
     rerank_s = time.perf_counter() - t0
-    t2i_rerank = _rerank_scores(base, exact, cfg.rerank_k, axis=0)
-    # The library's rerank and the array form used for the metric agree on every text's ranking.
-    assert np.array_equal(np.argsort(-t2i_rerank, axis=0, kind="stable")[: cfg.rerank_k], rr.order[: cfg.rerank_k].numpy())
-    i2t_rerank = _rerank_scores(base, exact, cfg.rerank_k, axis=1)
     relevant = mad_clip.caption_relevance(img_vals, cap_vals)
     rec_base = metrics.recall_at_k_relevant(base, relevant)
     rec_exact = metrics.recall_at_k_relevant(exact, relevant)
-    rec_i2t_rr = metrics.recall_at_k_relevant(i2t_rerank, relevant)
-    rec_t2i_rr = metrics.recall_at_k_relevant(t2i_rerank, relevant)
-    rec_rerank = {k: (rec_i2t_rr if k.startswith("i2t") else rec_t2i_rr)[k] for k in rec_base}
+    rec_rerank = {**{f"i2t{k}": v for k, v in recall_from_order(rr_i2t, relevant.T).items()},
+                  **{f"t2i{k}": v for k, v in recall_from_order(rr_t2i, relevant).items()}}
 
     arrays = out / "arrays"
     cond_arrays = dict(original_emb=img, edited_emb=edited, swapped_emb=swapped, swap_perm=perm,
@@ -208,8 +193,9 @@ def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, ca
     atomic_save_npz(arrays / f"conditioning_{variant}.npz", **cond_arrays)
     if variant == cfg.headline:
         atomic_save_npz(arrays / "conditioning.npz", **cond_arrays)
-    atomic_save_npz(arrays / f"retrieval_{variant}.npz", base_scores=base, tevi_scores=exact,
-                    image_values=img_vals, caption_values=cap_vals, edited_emb=edited, text_emb=txt)
+    atomic_save_npz(arrays / f"retrieval_{variant}.npz", base_scores=base, tevi_scores=exact, rerank_order_t2i=rr_t2i,
+                    rerank_order_i2t=rr_i2t, image_values=img_vals, caption_values=cap_vals, edited_emb=edited,
+                    text_emb=txt)
     return {
         "conditioning": conditioning, "summary": summary, "leakage": leakage,
         "alignment": {"before": float(cos_before.mean()), "after": float(cos_after.mean())},
@@ -400,7 +386,9 @@ Every number in report.md / results.json is recomputed from these files with `vl
   exhaustive TEVI scores cos(e_{p|q}, t_q), `image_values`, `caption_values` (N, 6; -1 = not
   named). relevant[i, j] = the image has every value caption j names
   (`recipes.mad_clip.caption_relevance`); recall = `metrics.recall_at_k_relevant(scores, relevant)`.
-  TEVI-rerank: `recipes.tevi_mad._rerank_scores(base, tevi, k, axis)` (axis 0: t2i, 1: i2t).
+  TEVI-rerank: `rerank_order_t2i` (N_images, N_texts; column j = text j's images, best first)
+  and `rerank_order_i2t` (N_texts, N_images); recall = `recipes.tevi_mad.recall_from_order(order,
+  relevant)` (t2i) and `recall_from_order(order_i2t, relevant.T)` (i2t).
 - `cg_sae.npz`: `latents` (N, 26) CG-SAE codes, `concept_present` (N, 26), `auc` (26, 26) =
   `editing.concept_auc_matrix(latents, concept_present)` (percent), `reconstructed_emb`,
   `ablated_emb` (thickthinning latents zeroed), and `text_c`, `label_c` for zero-shot accuracy.

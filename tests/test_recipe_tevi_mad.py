@@ -1,0 +1,109 @@
+"""End to end: tevi-mad on a tiny configuration (sharing mad-clip's stages), the numbers it
+reports recomputed from its arrays, and `vlctl fit sae / fit tevi / score tevi` on its cache."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from vlctl.eval import editing, metrics
+from vlctl.recipes import mad_clip, tevi_mad
+
+TINY_CLIP = mad_clip.MadClipRecipe(n_train=256, n_test=128, model="mad-quick", epochs=1, batch_size=64,
+                                   warmup_steps=1, procs=1)
+TINY = tevi_mad.TeviMadRecipe(sae_epochs=2, cg_epochs=2, mask_epochs=2, mask_hidden=32, mask_batch_size=64,
+                              sae_batch_size=64, rerank_k=10, sweep_k=(4,), sweep_expansion=(1,), sweep_epochs=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tevi")
+    stages = root / "stages"
+    mad_clip.run(root / "mad-clip", cfg=TINY_CLIP, stages=stages)
+    tevi_mad.run(root / "tevi-mad", cfg=TINY, clip_cfg=TINY_CLIP, stages=stages)
+    return root
+
+
+def test_reuses_the_mad_clip_stages(tiny_run):
+    r = json.loads((tiny_run / "tevi-mad" / "results.json").read_text())
+    assert all(r["timings"][s]["cached"] for s in ("data", "train", "embed"))
+    assert not r["timings"]["tevi-cg"]["cached"]
+
+
+def test_results_recompute_from_arrays(tiny_run):
+    out = tiny_run / "tevi-mad"
+    r = json.loads((out / "results.json").read_text())
+    assert set(r["conditioning"]) == set(tevi_mad.EDITED) and r["headline"] == "cg"
+    a = np.load(out / "arrays" / "conditioning.npz")
+    assert a["original_emb"].shape == a["edited_emb"].shape == (128, 32)
+    for c in tevi_mad.EDITED:
+        got = editing.conditioning_accuracy(a["original_emb"], a["edited_emb"], a[f"text_{c}"], a[f"label_{c}"],
+                                            a[f"in_caption_{c}"])
+        assert got == pytest.approx(r["conditioning"][c], nan_ok=True)
+        leak = editing.leakage_accuracy(a["swapped_emb"], a[f"text_{c}"], a[f"label_{c}"],
+                                        a[f"caption_label_{c}"][a["swap_perm"]])
+        assert leak == pytest.approx(r["leakage"][c], nan_ok=True)
+    ret = np.load(out / "arrays" / "retrieval_cg.npz")
+    rel = mad_clip.caption_relevance(ret["image_values"], ret["caption_values"])
+    assert metrics.recall_at_k_relevant(ret["base_scores"], rel) == r["retrieval"]["base"]
+    assert metrics.recall_at_k_relevant(ret["tevi_scores"], rel) == r["retrieval"]["tevi"]
+    rr = {**{f"i2t{k}": v for k, v in tevi_mad.recall_from_order(ret["rerank_order_i2t"], rel.T).items()},
+          **{f"t2i{k}": v for k, v in tevi_mad.recall_from_order(ret["rerank_order_t2i"], rel).items()}}
+    assert rr == r["retrieval"]["tevi_rerank"]
+    cos = metrics.positive_pair_cosine(a["edited_emb"], ret["text_emb"]).mean()
+    assert cos == pytest.approx(r["alignment"]["after"], rel=1e-6)
+    cg = np.load(out / "arrays" / "cg_sae.npz")
+    assert cg["auc"].shape == (26, 26)
+    assert np.mean(np.diag(editing.concept_auc_matrix(cg["latents"], cg["concept_present"]))) / 100 == pytest.approx(
+        r["cg_sae"]["auc_own_mean"])
+    assert set(r["sae"]) >= {"fvu", "dead_latents"} and len(r["sae_sweep"]) == 1
+    md = (out / "report.md").read_text()
+    assert "Table A1" in md and "54.3" in md  # the paper's learned-SAE not-in-caption figure beside ours
+    for f in ("positive_cosine.png", "cg_sae_auc.png", "cg_sae_top_images.png"):
+        assert (out / "figures" / f).stat().st_size > 1000
+
+
+def test_recall_from_order_matches_recall_at_k_relevant():
+    rng = np.random.default_rng(0)
+    scores = rng.random((30, 40))  # no ties
+    rel = rng.random((30, 40)) < 0.1
+    rel[0] = True  # every text has a relevant image
+    want = metrics.recall_at_k_relevant(scores, rel)
+    t2i = tevi_mad.recall_from_order(np.argsort(-scores, axis=0), rel)
+    i2t = tevi_mad.recall_from_order(np.argsort(-scores.T, axis=0), rel.T)
+    assert {f"t2i{k}": v for k, v in t2i.items()} == {k: v for k, v in want.items() if k.startswith("t2i")}
+    assert {f"i2t{k}": v for k, v in i2t.items()} == {k: v for k, v in want.items() if k.startswith("i2t")}
+
+
+def _vlctl(*args):
+    return subprocess.run([sys.executable, "-m", "vlctl", *args, "--json"], capture_output=True, text=True, check=False)
+
+
+def test_cli_fit_and_score(tiny_run, tmp_path):
+    (cache,) = (tiny_run / "stages").glob("embed-train-*/cache/*")
+    r = _vlctl("fit", "sae", "--cache", str(cache), "--out", str(tmp_path / "sae"), "--k", "4", "--expansion", "2",
+               "--aux-k", "4", "--epochs", "1", "--batch-size", "64")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["n_latents"] == 64
+    r = _vlctl("fit", "tevi", "--cache", str(cache), "--sae", str(tmp_path / "sae"), "--out", str(tmp_path / "tevi"),
+               "--hidden", "16", "--epochs", "1", "--batch-size", "64")
+    assert r.returncode == 0, r.stderr
+    r = _vlctl("score", "tevi", "--cache", str(cache), "--tevi", str(tmp_path / "tevi"), "--out",
+               str(tmp_path / "scores.npz"))
+    assert r.returncode == 0, r.stderr
+    s = np.load(tmp_path / "scores.npz")
+    assert s["scores"].shape == (256, 256) and "t2i@1" in json.loads(r.stdout)["recall_tevi"]
+    # Another encoder's cache is refused: the SAE records the space it was fitted on.
+    (test_cache,) = (tiny_run / "stages").glob("embed-[0-9a-f]*/cache/*")
+    meta = json.loads((test_cache / "meta.json").read_text())
+    meta["encoder_id"] = "other@0000"
+    (tmp_path / "other").mkdir()
+    for f in test_cache.iterdir():
+        (tmp_path / "other" / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "other" / "meta.json").write_text(json.dumps(meta))
+    r = _vlctl("fit", "tevi", "--cache", str(tmp_path / "other"), "--sae", str(tmp_path / "sae"), "--out",
+               str(tmp_path / "t2"))
+    assert r.returncode == 2 and "fitted on embeddings of encoder" in r.stderr, r.stderr
+    assert not (tmp_path / "t2").exists()
