@@ -81,7 +81,7 @@ def _random_tevi(n_images: int, n_texts: int, d: int, d1: int, k: int, per_image
     return img, txt, owner, z, m, sae.W_D.detach(), sae.b_pre.detach()
 
 
-def bench_conditioned_scores(n: int = 512, naive_rows: int = 32, d: int = 512, d1: int = 16384, k: int = 128) -> dict:
+def bench_conditioned_scores(n: int = 1024, naive_rows: int = 32, d: int = 512, d1: int = 16384, k: int = 128) -> dict:
     """conditioned_scores vs materialising every edited embedding (z_p ⊙ m_q) W_D + b_pre, on an
     n x n problem. The materialising baseline runs one image (row) at a time, so its cost is
     exactly linear in the rows: it is timed on `naive_rows` rows and scaled by n / naive_rows,

@@ -111,3 +111,21 @@ def test_recipe_trains_under_torchrun(tmp_path):
     run(tmp_path, cfg=dataclasses.replace(TINY, procs=2))
     r = json.loads((tmp_path / "results.json").read_text())
     assert r["encoder_id"].startswith("tinyclip-")
+
+
+def test_editing_a_config_file_in_place_retrains(tmp_path):
+    import dataclasses
+
+    from vlctl.config import config_to_dict
+    from vlctl.encoders import get_config
+
+    cfg_file = tmp_path / "my-clip.json"
+    arch = config_to_dict(dataclasses.replace(get_config("mad-quick"), vision_layers=1))
+    cfg_file.write_text(json.dumps(arch))
+    tiny = dataclasses.replace(TINY, model=str(cfg_file))
+    run(tmp_path / "out", cfg=tiny)
+    arch["vision_width"] = 64  # same file name, other architecture
+    cfg_file.write_text(json.dumps(arch))
+    run(tmp_path / "out", cfg=tiny)
+    r = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert r["timings"]["data"]["cached"] and not r["timings"]["train"]["cached"]

@@ -187,17 +187,37 @@ def pair_scores(
         return out
     u = t_hat[texts] @ decoder.T  # (Q', d1)
     tb = t_hat[texts] @ b_pre  # (Q',)
-    dec = decoder[idx]  # (P', K, d)
-    gram = dec @ dec.transpose(1, 2)  # (P', K, K)
-    wb = (decoder @ b_pre)[idx]  # (P', K)
+    wb_all = decoder @ b_pre  # (d1,)
     bb = b_pre @ b_pre
-    for i0 in range(0, len(image_idx), pair_chunk):
-        p, q = pi[i0 : i0 + pair_chunk], qi[i0 : i0 + pair_chunk]
-        sp = idx[p]  # (n, K)
-        y = vals[p] * m[q[:, None], sp]  # (n, K): z_p ⊙ m_q on S_p
-        num = (y * u[q[:, None], sp]).sum(1) + tb[q]  # (n,): e_{p|q} · t̂_q
-        sq = ((y[:, None, :] @ gram[p]).squeeze(1) * y).sum(1) + 2 * (y * wb[p]).sum(1) + bb  # (n,): ||e_{p|q}||²
-        out[i0 : i0 + pair_chunk] = num / sq.clamp_min(1e-24).sqrt()
+    # Group the pairs by image, images with similar pair counts side by side, and score a group
+    # of images at once: their pairs padded to (g, n_max, K) so each image's Gram block is used
+    # in one batched matmul instead of being copied once per pair.
+    by_image = torch.argsort(pi, stable=True)
+    counts = torch.bincount(pi, minlength=len(images))
+    starts = torch.cumsum(counts, 0) - counts
+    img_order = torch.argsort(counts, stable=True)
+    budget = max(pair_chunk, 1) * 4  # padded pairs per group
+    g0 = 0
+    while g0 < len(img_order):
+        n_max = int(counts[img_order[g0]])
+        g1 = g0 + 1
+        while g1 < len(img_order) and (g1 - g0 + 1) * int(counts[img_order[g1]]) <= budget:
+            g1 += 1
+        grp = img_order[g0:g1]  # (g,) images, ascending counts
+        g0 = g1
+        n_max = int(counts[grp].max())
+        slot = torch.arange(n_max)
+        valid = slot[None, :] < counts[grp][:, None]  # (g, n_max)
+        rows = by_image[(starts[grp][:, None] + slot[None, :]).clamp(max=len(pi) - 1)]  # (g, n_max) pair ids
+        sp = idx[grp]  # (g, K)
+        dec = decoder[sp]  # (g, K, d)
+        gram = dec @ dec.transpose(1, 2)  # (g, K, K)
+        q = qi[rows]  # (g, n_max)
+        gather = (q[:, :, None], sp[:, None, :])  # -> (g, n_max, K)
+        y = vals[grp][:, None, :] * m[gather]  # z_p ⊙ m_q on S_p
+        num = (y * u[gather]).sum(-1) + tb[q]  # (g, n_max): e_{p|q} · t̂_q
+        sq = ((y @ gram) * y).sum(-1) + 2 * (y * wb_all[sp][:, None, :]).sum(-1) + bb  # ||e_{p|q}||²
+        out[rows[valid]] = (num / sq.clamp_min(1e-24).sqrt())[valid]
     return out
 
 

@@ -216,7 +216,10 @@ def clip_stages(runner: Runner, cfg: MadClipRecipe) -> tuple[Path, Path, Path, d
         generate_mad(MadConfig(n=cfg.n_test, seed=cfg.seed + 1, split="test"), work / "test")
 
     data_dir = runner.stage("data", data_key, make_data)
-    train_key = {"data": data_key, "recipe": config_to_dict(cfg)}
+    from vlctl.encoders import get_config
+
+    # The architecture itself, not only its name: editing a config JSON in place must retrain.
+    train_key = {"data": data_key, "recipe": config_to_dict(cfg), "architecture": config_to_dict(get_config(cfg.model))}
     train_dir = runner.stage("train", train_key, lambda w, r: _train(cfg, data_dir / "train", w, r), resumable=True)
     embed_key = {**train_key, "prompts_per_class": PROMPTS_PER_CLASS}
     embed_dir = runner.stage("embed", embed_key, lambda w: _embed(train_dir / "model", data_dir / "test", w))
