@@ -72,8 +72,10 @@ def test_rerank_changes_order_only_within_top_k():
         calls.append(image_idx.shape)
         return fine[image_idx, text_idx[None, :].expand_as(image_idx)]
 
-    out = rerank(base, k, rescore)
+    out = rerank(base, k, rescore, full_order=True)
     assert calls == [(k, n_txt)]  # only k candidates per text are rescored
+    top_only = rerank(base, k, rescore)  # the default: the top k, from a top-k selection
+    assert torch.equal(top_only.order, out.order[:k]) and torch.equal(top_only.scores, out.scores)
     base_order = base.argsort(dim=0, descending=True)
     for q in range(n_txt):
         top = base_order[:k, q]
@@ -84,3 +86,9 @@ def test_rerank_changes_order_only_within_top_k():
         torch.testing.assert_close(out.scores[:, q], fine[want, q])
     # every column is a permutation of the images
     assert torch.equal(out.order.sort(dim=0).values, torch.arange(n_img)[:, None].expand(n_img, n_txt))
+
+
+def test_rerank_breaks_base_ties_by_index():
+    base = torch.tensor([[1.0], [3.0], [3.0], [0.0], [3.0]])
+    out = rerank(base, 3, lambda i, t: torch.zeros(i.shape))  # equal new scores keep the base order
+    assert out.order[:, 0].tolist() == [1, 2, 4]
