@@ -427,3 +427,31 @@ def test_bad_row_mid_add_leaves_gallery_and_its_index_intact(tmp_path, monkeypat
     ]  # fmt: skip
     g = g.add(x[20:])
     assert len(g) == 40 and g.search(x[30:31], k=1).ids[0, 0] == 30
+
+
+def test_cli_search_by_image_and_attribute(tmp_path, capsys):
+    """ControlEmbed query mode over a frozen gallery: the CLI's hits equal ControlEmbed.search."""
+    from vlctl.encoders import save_pretrained
+    from vlctl.index.gallery import open_gallery
+    from vlctl.methods.hyper import ControlEmbed
+
+    save_pretrained(create_model("mad-quick", seed=0), tmp_path / "model")
+    paths = _write_images(tmp_path / "photos", 12)
+    gal = tmp_path / "gallery"
+    rc, rep, _ = _run_cli(["index", str(tmp_path / "photos"), "--encoder", f"tiny:{tmp_path / 'model'}", "--out",
+                           str(gal), "--no-progress", "--json"], capsys)
+    assert rc == 0 and rep["count"] == 12
+    g = open_gallery(gal)
+    vecs = g.vectors(np.arange(12))
+    labels = {"color": ["a", "b", "c"] * 4, "shape": ["x", "y"] * 6}
+    model = ControlEmbed(steps=5, align_weight=0.0, images_per_subclass=2, hidden=16).fit(
+        vecs, labels, encoder_id=g.encoder_id)
+    model.save(tmp_path / "ce")
+    rc, res, _ = _run_cli(["search", str(gal), "--image", str(paths[3]), "--attribute", "color", "--controlembed",
+                           str(tmp_path / "ce"), "-k", "4", "--json"], capsys)
+    assert rc == 0 and res["query"]["attribute"] == "color", res
+    want, _ = model.search(vecs[[[row for row in range(12) if g.metadata([row])[0]["path"] == str(paths[3].resolve())]
+                                 [0]]], vecs, "color", k=4, encoder_id=g.encoder_id)
+    assert [h["id"] for h in res["hits"]] == want[0].tolist()
+    rc, _, err = _run_cli(["search", str(gal), "--image", str(paths[3]), "--attribute", "color"], capsys)
+    assert rc == 2 and "--controlembed" in err

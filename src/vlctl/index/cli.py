@@ -137,8 +137,20 @@ def _cmd_search(args: argparse.Namespace) -> dict:
             image = read_image(args.image)
             pre = getattr(encoder, "preprocess_pil", None)
             x = pre(image) if pre is not None else encoder.preprocess(np.asarray(image))
-            result = gallery.search_images(encoder, torch.as_tensor(x)[None], k=args.k)
-            query = {"image": args.image}
+            if args.attribute:
+                # ControlEmbed query mode: only the query moves, (q W + b) . g over the frozen gallery.
+                from vlctl.methods.hyper import ControlEmbed
+
+                if not args.controlembed:
+                    raise VlctlError("--attribute needs --controlembed DIR (a model from `vlctl fit controlembed`)")
+                model = ControlEmbed.load(args.controlembed, encoder_id=gallery.encoder_id)
+                with torch.no_grad():
+                    q_emb = encoder.encode_images(torch.as_tensor(x)[None], normalize=True).cpu().numpy()
+                result = gallery.search(model.transform(q_emb, args.attribute, encoder_id=gallery.encoder_id), k=args.k)
+                query = {"image": args.image, "attribute": args.attribute}
+            else:
+                result = gallery.search_images(encoder, torch.as_tensor(x)[None], k=args.k)
+                query = {"image": args.image}
     hits = [{"rank": r + 1, **h} for r, h in enumerate(result.hits(gallery)[0])]
     if args.json:
         return {"gallery": str(gallery.path), "encoder_id": gallery.encoder_id, "query": query, "hits": hits}
@@ -186,6 +198,9 @@ def register(sub, add) -> None:
     q.add_argument("--text", help="query text")
     q.add_argument("--image", help="query image file")
     q.add_argument("--embedding", help="query embedding: a .npy file of shape (dim,) or (1, dim)")
+    p.add_argument("--attribute", default=None, help="with --image: search by this attribute only (e.g. color), "
+                   "ControlEmbed query mode; needs --controlembed")
+    p.add_argument("--controlembed", default=None, help="ControlEmbed model directory (vlctl fit controlembed)")
     p.add_argument("--rerank", default=None, help="with --text: re-score the top candidates with tevi:DIR "
                    "(a TEVI fitted on the gallery's encoder)")
     p.add_argument("--rerank-candidates", type=int, default=100, help="candidates the reranker sees (default: 100)")
