@@ -26,6 +26,7 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/index_bench.py --kinds flat ivfpq --json benchmarks/index_results.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -450,8 +450,8 @@ def test_cli_search_by_image_and_attribute(tmp_path, capsys):
     rc, res, _ = _run_cli(["search", str(gal), "--image", str(paths[3]), "--attribute", "color", "--controlembed",
                            str(tmp_path / "ce"), "-k", "4", "--json"], capsys)
     assert rc == 0 and res["query"]["attribute"] == "color", res
-    want, _ = model.search(vecs[[[row for row in range(12) if g.metadata([row])[0]["path"] == str(paths[3].resolve())]
-                                 [0]]], vecs, "color", k=4, encoder_id=g.encoder_id)
+    row = next(r for r in range(12) if g.metadata([r])[0]["path"] == str(paths[3].resolve()))
+    want, _ = model.search(vecs[[row]], vecs, "color", k=4, encoder_id=g.encoder_id)
     assert [h["id"] for h in res["hits"]] == want[0].tolist()
     rc, _, err = _run_cli(["search", str(gal), "--image", str(paths[3]), "--attribute", "color"], capsys)
     assert rc == 2 and "--controlembed" in err

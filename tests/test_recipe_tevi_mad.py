@@ -87,6 +87,16 @@ def test_cli_fit_and_score(tiny_run, tmp_path):
                "--aux-k", "4", "--epochs", "1", "--batch-size", "64")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["n_latents"] == 64
+    (tmp_path / "concepts.txt").write_text("red\nblue\n\nswelling\n")
+    (model,) = (tiny_run / "stages").glob("train-*/model")
+    r = _vlctl("fit", "sae", "--cache", str(cache), "--out", str(tmp_path / "cg"), "--concepts",
+               str(tmp_path / "concepts.txt"), "--encoder", f"tiny:{model}", "--k", "2", "--aux-k", "0", "--epochs", "1")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["n_latents"] == 3  # one latent per concept line
+    (tmp_path / "empty.txt").write_text("\n")
+    r = _vlctl("fit", "sae", "--cache", str(cache), "--out", str(tmp_path / "cg2"), "--concepts",
+               str(tmp_path / "empty.txt"), "--encoder", f"tiny:{model}")
+    assert r.returncode == 2 and "empty concept list" in r.stderr
     r = _vlctl("fit", "tevi", "--cache", str(cache), "--sae", str(tmp_path / "sae"), "--out", str(tmp_path / "tevi"),
                "--hidden", "16", "--epochs", "1", "--batch-size", "64")
     assert r.returncode == 0, r.stderr

@@ -45,11 +45,11 @@ def _cmd_fit_sae(args: argparse.Namespace) -> dict:
     arch = config_from_args(TopKSAEConfig, args)
     kwargs = {**{f: getattr(arch, f) for f in _ARCH_FIELDS}, **dataclasses.asdict(config_from_args(FitTrainConfig, args))}
     if args.concepts:
-        from vlctl.encoders import load_encoder
+        from vlctl.encoders import create
 
         if not args.encoder:
             raise VlctlError("--concepts needs --encoder: the concepts are embedded with the cache's text encoder")
-        encoder = load_encoder(args.encoder)
+        encoder = create(args.encoder)
         if encoder.id != cache.encoder_id:
             raise VlctlError(f"{args.encoder}: encoder {encoder.id!r} is not the cache's {cache.encoder_id!r}")
         lines = [ln.strip() for ln in Path(args.concepts).read_text().splitlines() if ln.strip()]
@@ -119,7 +119,7 @@ def register(fit_sub, score_sub, add) -> None:
     p.add_argument("--cache", required=True, help="embedding cache directory (from `vlctl embed`)")
     p.add_argument("--out", required=True, help="SAE directory to write (sae.safetensors + config.json)")
     p.add_argument("--concepts", help="CG-SAE: text file, one concept per line; decoder rows fixed to their embeddings")
-    p.add_argument("--encoder", help="the cache's encoder directory (needed with --concepts)")
+    p.add_argument("--encoder", help="the cache's encoder spec (tiny:DIR, open_clip:..., hf:...; needed with --concepts)")
     add_config_args(p, TopKSAEConfig, exclude=("d", "concepts_fixed"))
     add_config_args(p, FitTrainConfig)
 
