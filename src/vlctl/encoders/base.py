@@ -6,11 +6,13 @@ indexes only ever talk to an Encoder, so they run unchanged on any of them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
+from torch import nn
 
 
 @runtime_checkable
@@ -46,3 +48,15 @@ class Encoder(Protocol):
         tensor multiplied with the values inside the block (not a copy), so
         `torch.autograd.grad(score, attentions)` works; relevancy maps (HilaCAM) need this.
         """
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Put `model` in eval mode for the block and restore its previous mode after (encoders are
+    used for inference inside training code, e.g. relevancy maps, without changing its mode)."""
+    was = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was)

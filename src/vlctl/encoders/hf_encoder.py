@@ -23,13 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from vlctl.encoders.open_clip_encoder import (
-    autocast_for,
-    check_precision,
-    eval_mode,
-    pil_from_array,
-    run_batched,
-)
+from vlctl.encoders.base import eval_mode
+from vlctl.encoders.open_clip_encoder import autocast_for, check_precision, pil_from_array, run_batched
 from vlctl.io import VlctlError, hash_state_dict
 
 SUPPORTED_MODEL_TYPES = ("clip", "siglip", "siglip2")

@@ -28,20 +28,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlctl.encoders.base import eval_mode
 from vlctl.io import VlctlError, hash_state_dict
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-@contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Put `model` in eval mode for the block and restore its previous mode after."""
-    was = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was)
 
 
 def autocast_for(device: torch.device, precision: str) -> contextlib.AbstractContextManager:

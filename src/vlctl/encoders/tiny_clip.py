@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlctl.config import config_from_dict, config_to_dict, load_config, opt
+from vlctl.encoders.base import eval_mode
 from vlctl.encoders.tokenizer import END_ID, PAD_ID, MiniLMTokenizer, WordTokenizer
 from vlctl.io import (
     VlctlError,
@@ -799,14 +800,6 @@ def encoder_id(model: TinyCLIP, state: dict | None = None) -> str:
     return f"tinyclip-{model.config.name}@{hash_state_dict(state)[:16]}"
 
 
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    was = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was)
 
 
 class TinyCLIPEncoder:
@@ -848,7 +841,7 @@ class TinyCLIPEncoder:
         return preprocess_batch(images, device=device, image_size=self.model.config.image_size)
 
     def _batched(self, fn, x: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad(), _eval_mode(self.model):
+        with torch.no_grad(), eval_mode(self.model):
             outs = [fn(x[i : i + self.batch_size]).to(x.device) for i in range(0, x.shape[0], self.batch_size)]
         if not outs:
             return torch.zeros(0, self.embed_dim, device=x.device)
@@ -874,7 +867,7 @@ class TinyCLIPEncoder:
         x = images.to(self.model.device)
         if not x.requires_grad:
             x = x.detach().float().requires_grad_(True)
-        with torch.enable_grad(), _eval_mode(self.model), self.model.recording_attention():
+        with torch.enable_grad(), eval_mode(self.model), self.model.recording_attention():
             emb = self.model.encode_image(x, normalize=normalize)
             atts = self.model.vision_attentions()
         return emb, atts
