@@ -17,12 +17,10 @@ On disk: images.npy (N, H, W, 3) uint8, labels.jsonl (one JSON object per image)
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import gzip
 import json
-import multiprocessing
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -32,7 +30,7 @@ from skimage.morphology import reconstruction, skeletonize
 from skimage.transform import resize
 
 from vlctl.config import config_to_dict, opt
-from vlctl.io import VlctlError, atomic_dir, atomic_write_json, atomic_write_text, read_json, sha256_file, sha256_json
+from vlctl.io import VlctlError, read_json, sha256_file, sha256_json
 
 CATEGORIES = ("digit", "color", "thickthinning", "swelling", "fracture", "scaling")
 VALUES: dict[str, tuple[str, ...]] = {
@@ -403,37 +401,17 @@ def _worker_range(bounds: tuple[int, int]) -> tuple[np.ndarray, list[dict]]:
 
 def generate_mad(cfg: MadConfig, out: str | Path) -> Path:
     """Generate cfg.n MAD images into directory `out` (replaced atomically); returns its path."""
+    from vlctl.data.writer import write_image_set
+
     glyphs = load_glyphs(cfg)  # here, so a bad mnist_dir fails before anything is written
-    chunk = max(1, min(250, -(-cfg.n // (4 * cfg.workers))))
-    bounds = [(s, min(s + chunk, cfg.n)) for s in range(0, cfg.n, chunk)]
-    out = Path(out)
-    with atomic_dir(out) as tmp, contextlib.ExitStack() as stack:
-        images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
-                                           shape=(cfg.n, cfg.image_size, cfg.image_size, 3))
-        if cfg.workers == 1:
-            results = (make_range(b, cfg, glyphs) for b in bounds)
-        else:
-            # fork where available: workers start at once and callers need no `if __name__ == "__main__"`
-            # guard; the workers only run numpy / scipy / scikit-image code, which is fork-safe
-            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-            pool = stack.enter_context(ctx.Pool(cfg.workers, _init_worker, (cfg, glyphs)))
-            results = pool.imap(_worker_range, bounds)
-        labels: list[dict] = []
-        for (start, stop), (imgs, labs) in zip(bounds, results):
-            images[start:stop] = imgs
-            labels.extend(labs)
-        stack.close()
-        images.flush()
-        del images
-        atomic_write_text(tmp / "labels.jsonl", "".join(json.dumps(lab) + "\n" for lab in labels))
-        atomic_write_json(tmp / "meta.json", {
-            "format": "vlctl-mad", "format_version": FORMAT_VERSION, "config": config_to_dict(cfg),
-            "n": cfg.n, "image_shape": [cfg.image_size, cfg.image_size, 3],
-            "source": "mnist" if cfg.mnist_dir else "sklearn-digits",
-            "categories": list(CATEGORIES), "values": {c: list(v) for c, v in VALUES.items()},
-            "sha256": {"images.npy": sha256_file(tmp / "images.npy"), "labels.jsonl": sha256_file(tmp / "labels.jsonl")},
-        })
-    return out
+    meta = {
+        "format": "vlctl-mad", "format_version": FORMAT_VERSION, "config": config_to_dict(cfg),
+        "n": cfg.n, "image_shape": [cfg.image_size, cfg.image_size, 3],
+        "source": "mnist" if cfg.mnist_dir else "sklearn-digits",
+        "categories": list(CATEGORIES), "values": {c: list(v) for c, v in VALUES.items()},
+    }
+    return write_image_set(out, n=cfg.n, image_size=cfg.image_size, workers=cfg.workers, chunk_max=250,
+                           make_range=_worker_range, meta=meta, initializer=_init_worker, initargs=(cfg, glyphs))
 
 
 # --- loading ---------------------------------------------------------------------------------

@@ -49,11 +49,8 @@ JSON file (the name clevr_4_annots.json is ours, not verified against the Clevr-
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import json
-import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -61,12 +58,9 @@ import numpy as np
 from vlctl.config import config_to_dict, opt
 from vlctl.io import (
     VlctlError,
-    atomic_dir,
     atomic_write_bytes,
     atomic_write_json,
-    atomic_write_text,
     read_json,
-    sha256_file,
 )
 
 CATEGORIES = ("color", "texture", "count", "shape")
@@ -357,39 +351,25 @@ def _png_bytes(image: np.ndarray) -> bytes:
 
 def generate_shapes(cfg: ShapesConfig, out: str | Path) -> Path:
     """Generate cfg.n shapes images into directory `out` (replaced atomically); returns its path."""
-    chunk = max(1, min(500, -(-cfg.n // (4 * cfg.workers))))
-    bounds = [(s, min(s + chunk, cfg.n)) for s in range(0, cfg.n, chunk)]
-    out = Path(out)
-    with atomic_dir(out) as tmp, contextlib.ExitStack() as stack:
-        images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
-                                           shape=(cfg.n, cfg.image_size, cfg.image_size, 3))
-        if cfg.workers == 1:
-            results = (_make_range(b, cfg) for b in bounds)
-        else:
-            # fork where available (as data/mad.py): workers start at once and run numpy only
-            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-            pool = stack.enter_context(ctx.Pool(cfg.workers))
-            results = pool.imap(functools.partial(_make_range, cfg=cfg), bounds)
-        labels: list[dict] = []
-        for (start, stop), (imgs, labs) in zip(bounds, results):
-            images[start:stop] = imgs
-            labels.extend(labs)
-            if cfg.write_png:
-                for image, lab in zip(imgs, labs):
-                    atomic_write_bytes(tmp / "images" / lab["filename"], _png_bytes(image))
-        stack.close()
-        images.flush()
-        del images
-        atomic_write_text(tmp / "labels.jsonl", "".join(json.dumps(lab) + "\n" for lab in labels))
+    from vlctl.data.writer import write_image_set
+
+    def write_pngs(tmp: Path, imgs: np.ndarray, labs: list[dict]) -> None:
+        if cfg.write_png:
+            for image, lab in zip(imgs, labs):
+                atomic_write_bytes(tmp / "images" / lab["filename"], _png_bytes(image))
+
+    def write_clevr4_annotations(tmp: Path, labels: list[dict]) -> None:
         atomic_write_json(tmp / CLEVR4_ANNOTATIONS, {
             lab["filename"]: {c: lab[c] for c in (*CATEGORIES, "split")} for lab in labels})
-        atomic_write_json(tmp / "meta.json", {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "config": config_to_dict(cfg),
-            "n": cfg.n, "image_shape": [cfg.image_size, cfg.image_size, 3],
-            "categories": list(CATEGORIES), "values": {c: list(v) for c, v in VALUES.items()},
-            "sha256": {"images.npy": sha256_file(tmp / "images.npy"), "labels.jsonl": sha256_file(tmp / "labels.jsonl")},
-        })
-    return out
+
+    meta = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "config": config_to_dict(cfg),
+        "n": cfg.n, "image_shape": [cfg.image_size, cfg.image_size, 3],
+        "categories": list(CATEGORIES), "values": {c: list(v) for c, v in VALUES.items()},
+    }
+    return write_image_set(out, n=cfg.n, image_size=cfg.image_size, workers=cfg.workers, chunk_max=500,
+                           make_range=functools.partial(_make_range, cfg=cfg), meta=meta,
+                           on_chunk=write_pngs, on_done=write_clevr4_annotations)
 
 
 # --- loading -------------------------------------------------------------------------------------

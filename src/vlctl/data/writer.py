@@ -1,0 +1,71 @@
+"""Writing a generated image set: chunks rendered in parallel into a memmapped images.npy, plus
+labels.jsonl and meta.json with hashes, all inside one atomically renamed directory (shared by
+the MAD and shapes generators)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from vlctl.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
+
+Chunk = tuple[np.ndarray, list[dict]]  # (images (m, S, S, 3) uint8, one label dict per image)
+
+
+def write_image_set(
+    out: str | Path,
+    *,
+    n: int,
+    image_size: int,
+    workers: int,
+    chunk_max: int,
+    make_range: Callable[[tuple[int, int]], Chunk],
+    meta: dict,
+    initializer: Callable | None = None,
+    initargs: Sequence = (),
+    on_chunk: Callable[[Path, np.ndarray, list[dict]], None] | None = None,
+    on_done: Callable[[Path, list[dict]], None] | None = None,
+) -> Path:
+    """Render images [0, n) in chunks with `make_range((start, stop))` -- in `workers` processes
+    when > 1 (picklable callable; per-worker state via `initializer(*initargs)`) -- and write
+    `out/` = images.npy + labels.jsonl + meta.json (`meta` plus the two files' sha256).
+    `on_chunk(tmp_dir, images, labels)` and `on_done(tmp_dir, labels)` add files of their own.
+    The directory appears only when complete (atomic rename)."""
+    chunk = max(1, min(chunk_max, -(-n // (4 * workers))))
+    bounds = [(s, min(s + chunk, n)) for s in range(0, n, chunk)]
+    out = Path(out)
+    with atomic_dir(out) as tmp, contextlib.ExitStack() as stack:
+        images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
+                                           shape=(n, image_size, image_size, 3))
+        if workers == 1:
+            if initializer is not None:
+                initializer(*initargs)
+            results = (make_range(b) for b in bounds)
+        else:
+            # fork where available: workers start at once and callers need no `if __name__ == "__main__"`
+            # guard; the generators only run numpy / scipy / scikit-image code, which is fork-safe
+            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+            pool = stack.enter_context(ctx.Pool(workers, initializer, tuple(initargs)))
+            results = pool.imap(make_range, bounds)
+        labels: list[dict] = []
+        for (start, stop), (imgs, labs) in zip(bounds, results):
+            images[start:stop] = imgs
+            labels.extend(labs)
+            if on_chunk is not None:
+                on_chunk(tmp, imgs, labs)
+        stack.close()
+        images.flush()
+        del images
+        atomic_write_text(tmp / "labels.jsonl", "".join(json.dumps(lab) + "\n" for lab in labels))
+        if on_done is not None:
+            on_done(tmp, labels)
+        atomic_write_json(tmp / "meta.json", {
+            **meta, "sha256": {"images.npy": sha256_file(tmp / "images.npy"),
+                               "labels.jsonl": sha256_file(tmp / "labels.jsonl")},
+        })
+    return out
