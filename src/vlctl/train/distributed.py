@@ -70,9 +70,15 @@ def destroy_distributed() -> None:
     """Leave the process group (call once at the end of a torchrun script).
 
     All ranks meet at a barrier first: a rank that tears gloo down while the other still has
-    work in flight aborts that rank ("terminate called without an active exception").
+    work in flight aborts that rank ("terminate called without an active exception"). Before
+    that, a garbage collection: DistributedDataParallel wrappers sit in reference cycles, so
+    without it a finished run's wrapper (and its reducer) may be freed only later, after the
+    group is gone, which aborts the same way (seen intermittently on a loaded machine).
     """
     if is_distributed():
+        import gc
+
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
 
