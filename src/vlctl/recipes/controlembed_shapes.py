@@ -10,16 +10,13 @@ translation-only ablation; one adapter per attribute; a hypernetwork with held-o
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-from vlctl.config import config_from_dict, config_to_dict, config_to_flags, opt
+from vlctl.config import config_from_dict, config_to_dict, opt
 from vlctl.data.shapes import (
     CATEGORIES,
     VALUES,
@@ -94,24 +91,15 @@ def load_preset(quick: bool) -> ControlEmbedShapesRecipe:
 
 
 def _train(cfg: ControlEmbedShapesRecipe, data_dir: Path, work: Path, resume: bool) -> None:
-    import torch
-
-    from vlctl.train.clip import ClipTrainConfig, train_clip
+    from vlctl.train.clip import ClipTrainConfig, launch_clip_training
     from vlctl.train.loop import LoopConfig
 
-    procs = torch.cuda.device_count() if torch.cuda.is_available() else cfg.procs
     # No shift augmentation: np.roll would wrap objects across the border and change the count.
     clip = ClipTrainConfig(model=cfg.model, temperature_lr=cfg.temperature_lr, shift_pixels=0)
     loop = LoopConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                      warmup_steps=cfg.warmup_steps, seed=cfg.seed, threads=1 if procs > 1 else cfg.threads,
+                      warmup_steps=cfg.warmup_steps, seed=cfg.seed, threads=cfg.threads,
                       checkpoint_every=500, progress=False, log_every=20)
-    if procs <= 1:
-        train_clip(data_dir, work, clip, loop, resume=resume)
-        return
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}",
-           "-m", "vlctl", "train", "clip", "--data", str(data_dir), "--out", str(work),
-           *config_to_flags(clip), *config_to_flags(loop)] + (["--resume"] if resume else [])
-    subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    launch_clip_training(data_dir, work, clip, loop, cfg.procs, resume)
 
 
 def _embed(cfg: ControlEmbedShapesRecipe, encoder_dir: Path, data_dir: Path, work: Path) -> None:

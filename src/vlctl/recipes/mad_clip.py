@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from vlctl.config import config_from_dict, config_to_dict, config_to_flags, opt
+from vlctl.config import config_from_dict, config_to_dict, opt
 from vlctl.data.mad import CATEGORIES, VALUES, MadConfig, generate_mad, load_mad, prompt_captions
 from vlctl.eval import metrics
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
@@ -55,30 +53,13 @@ def load_preset(quick: bool) -> MadClipRecipe:
 
 
 def _train(cfg: MadClipRecipe, data_dir: Path, work: Path, resume: bool) -> None:
-    import torch
-
-    from vlctl.train.clip import ClipTrainConfig
+    from vlctl.train.clip import ClipTrainConfig, launch_clip_training
     from vlctl.train.loop import LoopConfig
 
-    # On CPU, two single-thread data-parallel ranks beat one two-thread process (measured); on GPUs,
-    # one rank per device.
-    procs = torch.cuda.device_count() if torch.cuda.is_available() else cfg.procs
     clip = ClipTrainConfig(model=cfg.model, temperature_lr=cfg.temperature_lr)
-    loop = LoopConfig(
-        epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
-        warmup_steps=cfg.warmup_steps, seed=cfg.seed, threads=1 if procs > 1 else 0,
-        checkpoint_every=500,
-    )
-    if procs <= 1:
-        from vlctl.train.clip import train_clip
-
-        train_clip(data_dir, work, clip, loop, resume=resume)
-        return
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}",
-           "-m", "vlctl", "train", "clip", "--data", str(data_dir), "--out", str(work),
-           *config_to_flags(clip), *config_to_flags(loop)] + (["--resume"] if resume else [])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(cmd, check=True, env=env)
+    loop = LoopConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                      warmup_steps=cfg.warmup_steps, seed=cfg.seed, checkpoint_every=500)
+    launch_clip_training(data_dir, work, clip, loop, cfg.procs, resume)
 
 
 def caption_values(labels: list[dict]) -> np.ndarray:
