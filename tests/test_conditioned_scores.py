@@ -92,3 +92,17 @@ def test_rerank_breaks_base_ties_by_index():
     base = torch.tensor([[1.0], [3.0], [3.0], [0.0], [3.0]])
     out = rerank(base, 3, lambda i, t: torch.zeros(i.shape))  # equal new scores keep the base order
     assert out.order[:, 0].tolist() == [1, 2, 4]
+
+
+@pytest.mark.parametrize("n_pairs,text_chunk", [(3, 64), (200, 64), (200, 2)])  # both code paths; text chunks
+def test_pair_scores_equal_the_full_matrix_at_the_listed_pairs(n_pairs, text_chunk):
+    from vlctl.methods.tevi import pair_scores
+
+    latents, masks, decoder, b_pre, text = _inputs(torch.float64, seed=3)
+    g = torch.Generator().manual_seed(1)
+    image_idx = torch.randint(0, P, (n_pairs,), generator=g)  # unordered, with repeats
+    text_idx = torch.randint(0, Q, (n_pairs,), generator=g)
+    full = _naive(latents, masks, decoder, b_pre, text)
+    got = pair_scores(latents, masks, decoder, b_pre, text, image_idx, text_idx, support=K,
+                      text_chunk=text_chunk)
+    torch.testing.assert_close(got, full[image_idx, text_idx], rtol=1e-10, atol=1e-10)

@@ -170,6 +170,7 @@ def pair_scores(
     text_idx: torch.Tensor,
     support: int | None = None,
     pair_chunk: int = 2048,
+    text_chunk: int = 64,
 ) -> torch.Tensor:
     """cos(e_{p|q}, t_q) for the listed pairs (image_idx[i], text_idx[i]) only -> (n_pairs,).
 
@@ -177,15 +178,15 @@ def pair_scores(
     (batch reranking), u_q = W_D t̂_q is computed once per text that occurs and the Gram block
     W_D[S_p] W_D[S_p]^T once per image that occurs, and each pair costs one K x K quadratic form:
     O(Q'·d·d1 + P'·K²·d + n_pairs·K²) for the Q' texts and P' images used, extra memory
-    O(Q'·d1 + P'·K² + pair_chunk·K²). With fewer than K texts per image on average (one query's
-    candidates) each edited embedding is built from its K decoder rows instead: O(n_pairs·K·d).
+    O(n_pairs·K + text_chunk·d1 + K·d): the masked codes of every pair, u for `text_chunk` texts at a time, one
+    image's decoder rows. With fewer than K texts per image on average (one query's candidates)
+    each edited embedding is built from its K decoder rows instead: O(n_pairs·K·d).
     """
     t_hat = text_emb / text_emb.norm(dim=1, keepdim=True).clamp_min(1e-12)  # (Q, d)
     k = support if support is not None else int((latents != 0).sum(1).max())
     k = max(1, min(k, latents.shape[1]))
     texts, qi = torch.unique(text_idx, return_inverse=True)  # the Q' texts used; qi: (n_pairs,)
     images, pi = torch.unique(image_idx, return_inverse=True)  # the P' images used
-    m = masks[texts]  # (Q', d1)
     z = latents[images]
     idx = z.abs().topk(k, dim=1).indices  # (P', K)
     vals = z.gather(1, idx)
@@ -193,7 +194,7 @@ def pair_scores(
     if len(image_idx) < len(images) * k:
         # Few texts per image (e.g. one query's candidates): build each edited embedding from its K
         # decoder rows, K·d per pair, cheaper than a K x K Gram block (K²·d) per image.
-        t_q = t_hat[texts]
+        t_q, m = t_hat[texts], masks[texts]
         for i0 in range(0, len(image_idx), pair_chunk):
             p, q = pi[i0 : i0 + pair_chunk], qi[i0 : i0 + pair_chunk]
             sp = idx[p]  # (n, K)
@@ -201,39 +202,55 @@ def pair_scores(
             e = (y[:, None, :] @ decoder[sp]).squeeze(1) + b_pre  # (n, d): e_{p|q}
             out[i0 : i0 + pair_chunk] = (e * t_q[q]).sum(1) / e.norm(dim=1).clamp_min(1e-12)
         return out
-    u = t_hat[texts] @ decoder.T  # (Q', d1)
+    # Two passes, each reading memory in the order it is laid out. Random reads of single mask
+    # entries were the cost (one cache miss per (pair, latent)), not the arithmetic.
+    # Pass 1, pairs grouped by text: u_q = W_D t̂_q is made for a few texts at a time (a GEMM,
+    # never the whole (Q', d1) matrix) and each pair's K entries of m_q and m_q ⊙ u_q are read
+    # from those few rows, which stay in cache. It gives y = z_p ⊙ m_q on S_p and the numerator.
+    n_pairs = len(image_idx)
+    d1 = latents.shape[1]
     tb = t_hat[texts] @ b_pre  # (Q',)
+    by_text = torch.argsort(qi, stable=True)
+    text_starts = torch.searchsorted(qi[by_text], torch.arange(len(texts) + 1)).tolist()
+    y = torch.empty(n_pairs, k, dtype=latents.dtype)  # row r: pair by_text[r]
+    num = torch.empty(n_pairs, dtype=latents.dtype)
+    c_txt = max(1, text_chunk)
+    both = torch.empty(c_txt, d1, 2, dtype=latents.dtype)
+    for j0 in range(0, len(texts), c_txt):
+        j1 = min(j0 + c_txt, len(texts))
+        r0, r1 = text_starts[j0], text_starts[j1]
+        if r0 == r1:
+            continue
+        rows = by_text[r0:r1]  # pair ids of these texts
+        # m_q and m_q ⊙ u_q side by side, so one read fetches both from the same cache line.
+        pair = both[: j1 - j0]
+        pair[..., 0] = masks[texts[j0:j1]]
+        torch.mul(pair[..., 0], t_hat[texts[j0:j1]] @ decoder.T, out=pair[..., 1])
+        p = pi[rows]
+        flat = (qi[rows] - j0)[:, None] * d1 + idx[p]  # (n, K) offsets into the (c, d1) rows
+        got = pair.view(-1, 2).index_select(0, flat.view(-1)).view(len(rows), k, 2)
+        v = vals[p]
+        torch.mul(v, got[..., 0], out=y[r0:r1])
+        num[r0:r1] = (v * got[..., 1]).sum(1) + tb[qi[rows]]
+    # Pass 2, pairs grouped by image: ||e_{p|q}||² = y^T G_p y + 2 y·(W_D b)[S_p] + ||b||², with the
+    # K x K Gram block G_p = W_D[S_p] W_D[S_p]^T built once per image and used by all its pairs.
     wb_all = decoder @ b_pre  # (d1,)
     bb = b_pre @ b_pre
-    # Group the pairs by image, images with similar pair counts side by side, and score a group
-    # of images at once: their pairs padded to (g, n_max, K) so each image's Gram block is used
-    # in one batched matmul instead of being copied once per pair.
+    pos_of_pair = torch.empty_like(by_text)
+    pos_of_pair[by_text] = torch.arange(n_pairs)
     by_image = torch.argsort(pi, stable=True)
-    counts = torch.bincount(pi, minlength=len(images))
-    starts = torch.cumsum(counts, 0) - counts
-    img_order = torch.argsort(counts, stable=True)
-    budget = max(pair_chunk, 1) * 4  # padded pairs per group
-    g0 = 0
-    while g0 < len(img_order):
-        n_max = int(counts[img_order[g0]])
-        g1 = g0 + 1
-        while g1 < len(img_order) and (g1 - g0 + 1) * int(counts[img_order[g1]]) <= budget:
-            g1 += 1
-        grp = img_order[g0:g1]  # (g,) images, ascending counts
-        g0 = g1
-        n_max = int(counts[grp].max())
-        slot = torch.arange(n_max)
-        valid = slot[None, :] < counts[grp][:, None]  # (g, n_max)
-        rows = by_image[(starts[grp][:, None] + slot[None, :]).clamp(max=len(pi) - 1)]  # (g, n_max) pair ids
-        sp = idx[grp]  # (g, K)
-        dec = decoder[sp]  # (g, K, d)
-        gram = dec @ dec.transpose(1, 2)  # (g, K, K)
-        q = qi[rows]  # (g, n_max)
-        gather = (q[:, :, None], sp[:, None, :])  # -> (g, n_max, K)
-        y = vals[grp][:, None, :] * m[gather]  # z_p ⊙ m_q on S_p
-        num = (y * u[gather]).sum(-1) + tb[q]  # (g, n_max): e_{p|q} · t̂_q
-        sq = ((y @ gram) * y).sum(-1) + 2 * (y * wb_all[sp][:, None, :]).sum(-1) + bb  # ||e_{p|q}||²
-        out[rows[valid]] = (num / sq.clamp_min(1e-24).sqrt())[valid]
+    pos = pos_of_pair[by_image]  # rows of y, image by image
+    img_starts = torch.searchsorted(pi[by_image], torch.arange(len(images) + 1)).tolist()
+    sq = torch.empty(n_pairs, dtype=latents.dtype)  # in y's row order
+    for i in range(len(images)):
+        r = pos[img_starts[i] : img_starts[i + 1]]
+        sp = idx[i]  # (K,)
+        dec = decoder[sp]  # (K, d)
+        yi = y[r]  # (n_i, K)
+        sq[r] = ((yi @ (dec @ dec.T)) * yi).sum(1) + 2 * (yi @ wb_all[sp]) + bb
+    # Rounding can leave a tiny negative value for an edited embedding of (almost) zero length.
+    out = torch.empty(n_pairs, dtype=latents.dtype)
+    out[by_text] = num / sq.clamp_min(1e-24).sqrt()
     return out
 
 
