@@ -111,21 +111,115 @@ def _cmd_fit_controlembed(args: argparse.Namespace) -> dict:
     return {"out": str(args.out), "encoder_id": encoder.id, "categories": categories, "final_loss": model.final_loss_}
 
 
-def _cmd_cluster(args: argparse.Namespace) -> dict:
-    from vlctl.data.cache import open_cache
-    from vlctl.io import atomic_write_json
-    from vlctl.methods.hyper import ControlEmbed
+def _open_cluster_source(path: str, data: str | None):
+    """GALLERY -> (embeddings (N, D), encoder id, kind, image of row i for contact sheets or None).
 
-    model = ControlEmbed.load(args.model)
-    cache = open_cache(args.gallery)
-    if cache.image_emb is None:
-        raise VlctlError(f"{args.gallery}: the embedding cache holds no image embeddings")
-    ids = model.cluster(cache.image_emb, args.attribute, args.k, seed=args.seed, encoder_id=cache.encoder_id)
-    sizes = {int(c): int(n) for c, n in zip(*__import__("numpy").unique(ids, return_counts=True))}
-    if args.out:
-        atomic_write_json(args.out, {"attribute": args.attribute, "model": str(args.model), "gallery": str(args.gallery),
-                                     "cluster_of_image": ids.tolist()})
-    return {"attribute": args.attribute, "k": len(sizes), "cluster_sizes": sizes, "out": args.out}
+    A `vlctl index` gallery (manifest.json) holds the image paths in its metadata; an embedding
+    cache (meta.json, `vlctl embed`) holds only embeddings, so its images come from the dataset
+    directory `--data` (its memmap), which must be the data the cache was embedded from.
+    """
+    root = Path(path)
+    if (root / "manifest.json").is_file():
+        from vlctl.index.gallery import open_gallery
+
+        gallery = open_gallery(root)
+        if len(gallery) == 0:
+            raise VlctlError(f"{root}: the gallery is empty; nothing to cluster")
+        return gallery.embeddings(), gallery.encoder_id, "gallery", lambda ids: [
+            m.get("path", "") for m in gallery.metadata(ids)]
+    if (root / "meta.json").is_file():
+        from vlctl.data.cache import open_cache
+
+        cache = open_cache(root)
+        if cache.image_emb is None:
+            raise VlctlError(f"{root}: the embedding cache holds no image embeddings")
+        images = None
+        if data is not None:
+            from vlctl.data.mad import load_mad, mad_dataset_id
+
+            if mad_dataset_id(data) != cache.meta["data_id"]:
+                raise VlctlError(f"{data}: not the data the cache {root} was embedded from (data id "
+                                 f"{mad_dataset_id(data)!r}, the cache records {cache.meta['data_id']!r})")
+            arr = load_mad(data)["images"]
+            if len(arr) != len(cache.image_emb):
+                raise VlctlError(f"{data}: {len(arr)} images, the cache {root} holds {len(cache.image_emb)}")
+            images = lambda ids: [arr[i] for i in ids]
+        return cache.image_emb, cache.encoder_id, "cache", images
+    raise VlctlError(f"{root}: neither a gallery (no manifest.json; build one with `vlctl index`) nor an "
+                     "embedding cache (no meta.json; `vlctl embed`)")
+
+
+def _cmd_cluster(args: argparse.Namespace) -> dict:
+    import numpy as np
+
+    from vlctl.io import atomic_write_json
+    from vlctl.methods.hyper import ControlEmbed, normalize_rows
+
+    if (args.gallery is None) == (args.gallery_flag is None):
+        raise VlctlError("cluster: give the gallery once, as GALLERY or --gallery")
+    source = args.gallery if args.gallery is not None else args.gallery_flag
+    if args.per_sheet < 1:
+        raise VlctlError(f"--per-sheet must be >= 1, got {args.per_sheet}")
+    emb, encoder_id, kind, images_of = _open_cluster_source(source, args.data)
+    model = ControlEmbed.load(args.controlembed)
+    if model.encoder_id_ != encoder_id:
+        raise VlctlError(f"{source}: embeddings come from encoder {encoder_id!r}, but the ControlEmbed model "
+                         f"{args.controlembed} was fitted on {model.encoder_id_!r}; maps of one embedding space are "
+                         "meaningless in another (fit ControlEmbed on this gallery's encoder)")
+    ids = model.cluster(emb, args.attribute, args.k, seed=args.seed, encoder_id=encoder_id)
+    k = args.k if args.k is not None else len(model.subclasses_[args.attribute])  # cluster() checked both
+    # The space k-means ran in (ControlEmbed.cluster's own): "nearest the centre" is measured there.
+    z = normalize_rows(model.transform(emb, args.attribute, encoder_id=encoder_id))
+    texts = (model.class_text_emb_ or {}).get(args.attribute)
+    clusters = []
+    for c in range(k):
+        members = np.flatnonzero(ids == c)
+        info: dict = {"id": c, "size": len(members)}
+        if len(members):
+            centre = z[members].mean(0)
+            dist = np.linalg.norm(z[members] - centre, axis=1)
+            info["nearest"] = members[np.argsort(dist, kind="stable")[: args.per_sheet]].tolist()
+            if texts is not None:
+                best = np.argmax(texts @ (centre / max(np.linalg.norm(centre), 1e-12)))
+                info["subclass"] = model.subclasses_[args.attribute][best]
+        clusters.append(info)
+    result = {"attribute": args.attribute, "k": k, "model": str(args.controlembed), "gallery": str(source),
+              "gallery_kind": kind, "encoder_id": encoder_id, "seed": args.seed, "n_images": len(ids),
+              "cluster_sizes": {c["id"]: c["size"] for c in clusters if c["size"]}}
+    if not args.out:
+        return result
+    out = Path(args.out)
+    record = {**result, "cluster_of_image": ids.tolist(), "clusters": clusters}
+    if kind == "gallery" and images_of is not None:
+        record["images"] = images_of(np.arange(len(ids)))
+    if out.suffix.lower() == ".json":  # the pre-contact-sheet form: only the cluster of every image
+        atomic_write_json(out, record)
+        return {**result, "out": str(out)}
+    sheets, unreadable = [], 0
+    if images_of is not None:
+        from vlctl.report.contact_sheet import write_contact_sheet
+
+        width = max(2, len(str(k - 1)))
+        for info in clusters:
+            name = f"cluster_{info['id']:0{width}d}.png"
+            title = f"{args.attribute}: cluster {info['id']} of {k} · {info['size']} images"
+            if "subclass" in info:
+                title += f" · nearest subclass: {info['subclass']}"
+            sheet = write_contact_sheet(images_of(info.get("nearest", [])), out / name, title,
+                                        thumb=args.thumb, cols=args.cols)
+            info["sheet"], info["unreadable"] = name, [info["nearest"][p] for p, _ in sheet.unreadable]
+            unreadable += len(sheet.unreadable)
+            sheets.append(name)
+        keep = set(sheets)
+        for old in out.glob("cluster_*.png"):  # sheets of an earlier run with more clusters
+            if old.name not in keep:
+                old.unlink()
+    record["contact_sheets"] = sheets
+    atomic_write_json(out / "clusters.json", record)  # last: its presence marks a complete output
+    result.update(out=str(out), contact_sheets=len(sheets), unreadable_images=unreadable)
+    if images_of is None:
+        result["note"] = "no contact sheets: an embedding cache holds no images; pass --data DIR (its dataset)"
+    return result
 
 
 def _register_controlembed(sub, data_sub, fit_sub, add) -> None:
@@ -149,14 +243,24 @@ def _register_controlembed(sub, data_sub, fit_sub, add) -> None:
                    help="prompt templates with {} for the subclass, averaged per subclass")
     add_config_args(p, ControlEmbedParams)
 
-    p = add(sub, "cluster", "cluster a gallery by one attribute (ControlEmbed global mode: k-means on G W + b)",
-            _cmd_cluster)
-    p.add_argument("--model", required=True, help="ControlEmbed model directory (vlctl fit controlembed)")
-    p.add_argument("--gallery", required=True, help="embedding cache directory of the gallery (vlctl embed)")
+    p = add(sub, "cluster", "cluster a gallery by one attribute (ControlEmbed global mode: k-means on G W + b) "
+            "and draw a contact sheet per cluster", _cmd_cluster)
+    p.add_argument("gallery", nargs="?", default=None,
+                   help="gallery directory (vlctl index), or an embedding cache directory (vlctl embed)")
+    p.add_argument("--gallery", dest="gallery_flag", default=None, help="the same as GALLERY")
+    p.add_argument("--controlembed", "--model", dest="controlembed", required=True,
+                   help="ControlEmbed model directory (vlctl fit controlembed), fitted on the gallery's encoder")
     p.add_argument("--attribute", required=True, help="attribute category text, e.g. shape")
     p.add_argument("--k", type=int, default=None, help="clusters (default: the category's number of subclasses)")
     p.add_argument("--seed", type=int, default=0, help="k-means seed (default: 0)")
-    p.add_argument("--out", default=None, help="write the cluster of every image here (JSON)")
+    p.add_argument("--out", default=None, help="output directory: clusters.json and cluster_NN.png contact sheets "
+                   "(a path ending in .json writes only the cluster of every image there)")
+    p.add_argument("--per-sheet", type=int, default=32,
+                   help="images per contact sheet: those nearest the cluster centre (default: 32)")
+    p.add_argument("--thumb", type=int, default=96, help="thumbnail side in pixels (default: 96)")
+    p.add_argument("--cols", type=int, default=8, help="thumbnails per row (default: 8)")
+    p.add_argument("--data", default=None, help="for an embedding cache: the dataset directory it was embedded "
+                   "from (its images go on the contact sheets)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -222,6 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_index(sub, add)  # vlctl index / vlctl search
     _register_controlembed(sub, data_sub, fit_sub, add)  # vlctl data shapes / fit controlembed / cluster
+    from vlctl.methods.trees import register as register_tree
+
+    register_tree(sub, add)  # vlctl tree
+    from vlctl.eval.retrieval import register as register_eval
+
+    register_eval(sub, add)  # vlctl eval retrieval
+    __import__("vlctl.methods.relevancy", fromlist=["register"]).register(sub, add)  # vlctl explain
+    __import__("vlctl.data.scenes", fromlist=["register"]).register(data_sub, add)  # vlctl data scenes
     return parser
 
 

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from vlctl.io import VlctlError
+
 
 @runtime_checkable
 class Encoder(Protocol):
@@ -50,6 +52,26 @@ class Encoder(Protocol):
         """
 
 
+@runtime_checkable
+class SupportsTokenRemoval(Protocol):
+    """An Encoder that can encode images from a subset of their patch tokens (3VL token removal).
+
+    Kept out of `Encoder` itself so encoders without a ViT (or tests' stand-ins) still satisfy
+    the base protocol; TinyCLIP, OpenCLIP ViTs and HF CLIP implement it.
+    """
+
+    def encode_images_keep(self, images: torch.Tensor, keep: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+        """Token removal: encode images (n, 3, S, S) from the class token plus the patch tokens
+        `keep` (n, m) long, patch indices in 0..n_patches-1 (row-major over the patch grid) ->
+        embeddings (n, d).
+
+        Positional embeddings are added before the patches are gathered, so each kept token keeps
+        its place in the image; then the transformer, final LayerNorm and projection run as usual.
+        Keeping every patch reproduces `encode_images`; the result does not depend on the order of
+        the indices within a row (m = 0: the class token alone). Runs without gradients.
+        """
+
+
 @contextlib.contextmanager
 def eval_mode(model: nn.Module) -> Iterator[None]:
     """Put `model` in eval mode for the block and restore its previous mode after (encoders are
@@ -60,3 +82,27 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was)
+
+
+def check_keep(keep: torch.Tensor, n_images: int, n_patches: int) -> torch.Tensor:
+    """Validate token-removal indices for `SupportsTokenRemoval.encode_images_keep`; returns them as int64.
+
+    keep: (n_images, m) integer patch indices, 0 <= index < n_patches, no repeats within a row
+    (a repeated token would change the attention weights, i.e. not be "keeping" a patch).
+    """
+    keep = torch.as_tensor(keep)
+    if keep.dtype.is_floating_point or keep.dtype == torch.bool or keep.dtype.is_complex:
+        raise VlctlError(f"encode_images_keep: keep must hold integer patch indices, got dtype {keep.dtype}")
+    if keep.ndim != 2 or keep.shape[0] != n_images:
+        raise VlctlError(f"encode_images_keep: keep must have shape (n_images={n_images}, m), got {tuple(keep.shape)}")
+    keep = keep.long()
+    if keep.numel():
+        lo, hi = int(keep.min()), int(keep.max())
+        if lo < 0 or hi >= n_patches:
+            raise VlctlError(
+                f"encode_images_keep: patch indices must lie in [0, {n_patches - 1}], got values in [{lo}, {hi}]"
+            )
+        s = keep.sort(dim=1).values
+        if bool((s[:, 1:] == s[:, :-1]).any()):
+            raise VlctlError("encode_images_keep: a row of keep repeats a patch index")
+    return keep

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vlctl.encoders.base import eval_mode
+from vlctl.encoders.base import check_keep, eval_mode
 from vlctl.encoders.open_clip_encoder import autocast_for, check_precision, pil_from_array, run_batched
 from vlctl.io import VlctlError, hash_state_dict
 
@@ -147,6 +147,38 @@ class HFEncoder:
         if not out.attentions:
             raise VlctlError(f"vision_attentions: {self.model_type} model returned no attentions")
         return emb, list(out.attentions)
+
+    def encode_images_keep(self, images: torch.Tensor, keep: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+        """Token removal (see `SupportsTokenRemoval`): images (n, 3, S, S), keep (n, m) patch
+        indices -> embeddings (n, d) from the class token plus the kept patch tokens.
+
+        CLIP only: vision_model.embeddings (patches, class token, + position embedding) -> gather
+        -> pre_layrnorm -> encoder -> post_layernorm on the class token -> visual_projection, the
+        steps of CLIPVisionModel.forward and get_image_features. SigLIP has no class token (it
+        pools with an attention head) and is refused.
+        """
+        if self.model_type != "clip":
+            raise VlctlError(
+                f"encode_images_keep: token removal needs a class-token ViT (CLIP); {self.model_type} is not supported"
+            )
+        vm = self.model.vision_model
+        keep = check_keep(keep, images.shape[0], int(vm.embeddings.num_patches))
+
+        def fn(b: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+            with autocast_for(self.device, self.precision):
+                x = vm.embeddings(b)
+                idx = torch.cat([k.new_zeros(k.shape[0], 1), k + 1], dim=1)  # token 0 is the class token
+                x = x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+                x = vm.encoder(inputs_embeds=vm.pre_layrnorm(x)).last_hidden_state
+                e = self.model.visual_projection(vm.post_layernorm(x[:, 0, :]))
+            return torch.nn.functional.normalize(e.float(), dim=-1) if normalize else e
+
+        outs = []
+        with torch.no_grad(), eval_mode(self.model):
+            for i in range(0, images.shape[0], self.batch_size):
+                b, k = images[i : i + self.batch_size].to(self.device), keep[i : i + self.batch_size].to(self.device)
+                outs.append(fn(b, k).float().to(images.device))
+        return torch.cat(outs) if outs else torch.zeros(0, self.embed_dim, device=images.device)
 
 
 def create_hf_encoder(

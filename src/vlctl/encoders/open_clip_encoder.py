@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlctl.encoders.base import eval_mode
+from vlctl.encoders.base import check_keep, eval_mode
 from vlctl.io import VlctlError, hash_state_dict
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -272,6 +272,47 @@ class OpenCLIPEncoder:
         with torch.enable_grad(), eval_mode(self.model), record_vision_attention(self.model.visual) as store:
             emb = self.model.encode_image(x, normalize=normalize)
         return emb, list(store)
+
+    def encode_images_keep(self, images: torch.Tensor, keep: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+        """Token removal (see `SupportsTokenRemoval`): images (n, 3, S, S), keep (n, m) patch
+        indices -> embeddings (n, d) from the class token plus the kept patch tokens.
+
+        open_clip's own VisionTransformer only (class token first): its `_embeds` (conv1, class
+        token, + positional embedding, patch dropout = identity in eval, ln_pre) runs on all
+        tokens, then the kept ones are gathered. ln_pre normalises each token on its own, so
+        gathering after it equals gathering right after the positional embedding. Then the
+        transformer, `_pool` (ln_post + class-token or average pooling) and `proj`, as `forward` does.
+        """
+        visual = self.model.visual
+        if not (hasattr(visual, "_embeds") and hasattr(visual, "transformer") and hasattr(visual, "_pool")):
+            raise VlctlError(
+                f"encode_images_keep: image tower {type(visual).__name__} of {self.model_name!r} is not "
+                "open_clip's VisionTransformer; token removal is not supported for it"
+            )
+        if getattr(visual, "pool_type", None) not in ("tok", "avg") or getattr(visual, "attn_pool", None) is not None:
+            raise VlctlError(
+                f"encode_images_keep: {self.model_name!r} pools with {getattr(visual, 'pool_type', None)!r} / an "
+                "attentional pooler; token removal supports class-token ('tok') or average ('avg') pooling"
+            )
+        gh, gw = visual.grid_size
+        keep = check_keep(keep, images.shape[0], gh * gw)
+
+        def fn(b: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+            with autocast_for(self.device, self.precision):
+                x = visual._embeds(b)
+                idx = torch.cat([k.new_zeros(k.shape[0], 1), k + 1], dim=1)  # token 0 is the class token
+                x = x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+                pooled, _ = visual._pool(visual.transformer(x))
+                if visual.proj is not None:
+                    pooled = pooled @ visual.proj
+            return F.normalize(pooled, dim=-1) if normalize else pooled
+
+        outs = []
+        with torch.no_grad(), eval_mode(self.model):
+            for i in range(0, images.shape[0], self.batch_size):
+                b, k = images[i : i + self.batch_size].to(self.device), keep[i : i + self.batch_size].to(self.device)
+                outs.append(fn(b, k).float().to(images.device))
+        return torch.cat(outs) if outs else torch.zeros(0, self.embed_dim, device=images.device)
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlctl.config import config_from_dict, config_to_dict, load_config, opt
-from vlctl.encoders.base import eval_mode
+from vlctl.encoders.base import check_keep, eval_mode
 from vlctl.encoders.tokenizer import END_ID, PAD_ID, MiniLMTokenizer, WordTokenizer
 from vlctl.io import (
     VlctlError,
@@ -351,6 +351,15 @@ def _init_transformer(blocks: nn.ModuleList) -> None:
         nn.init.normal_(b.mlp[2].weight, std=0.02 / math.sqrt(2 * n))
 
 
+class ChannelsLastStem(nn.Sequential):
+    """The conv stem, run in channels_last memory layout: on CPU its convolutions and max-pools
+    are about 2x faster that way than in NCHW (forward + backward, measured on MAD batches); the
+    math is the same. An empty stem passes the image through."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.contiguous(memory_format=torch.channels_last)) if len(self) else x
+
+
 class VisionTransformer(nn.Module):
     def __init__(self, cfg: TinyCLIPConfig):
         super().__init__()
@@ -363,7 +372,7 @@ class VisionTransformer(nn.Module):
         for c in cfg.stem_channels:
             stages += [nn.Conv2d(c_in, c, 3, padding=1), nn.GELU(), nn.MaxPool2d(2)]
             c_in = c
-        self.stem = nn.Sequential(*stages)
+        self.stem = ChannelsLastStem(*stages)
         self.conv1 = nn.Conv2d(c_in, w, kernel_size=cfg.patch_size, stride=cfg.patch_size, bias=False)
         self.class_embedding = nn.Parameter(torch.randn(w) * w**-0.5)
         self.positional_embedding = nn.Parameter(torch.randn(cfg.n_patches + 1, w) * 0.01)
@@ -378,6 +387,21 @@ class VisionTransformer(nn.Module):
         x = self.conv1(self.stem(x)).flatten(2).transpose(1, 2)  # (n, patches, w)
         cls = self.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)
         x = torch.cat([cls, x], dim=1) + self.positional_embedding.to(x.dtype)
+        x = self.ln_pre(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.proj(self.ln_post(x[:, 0]))
+
+    def forward_keep(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """Token removal: like `forward`, from the class token plus patch tokens `keep` (n, m).
+
+        Positional embeddings are added before the gather, so kept tokens keep their positions.
+        """
+        x = self.conv1(self.stem(x)).flatten(2).transpose(1, 2)
+        cls = self.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)
+        x = torch.cat([cls, x], dim=1) + self.positional_embedding.to(x.dtype)
+        idx = torch.cat([keep.new_zeros(keep.shape[0], 1), keep + 1], dim=1)  # token 0 is the class token
+        x = x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
         x = self.ln_pre(x)
         for b in self.blocks:
             x = b(x)
@@ -871,6 +895,24 @@ class TinyCLIPEncoder:
             emb = self.model.encode_image(x, normalize=normalize)
             atts = self.model.vision_attentions()
         return emb, atts
+
+    def encode_images_keep(self, images: torch.Tensor, keep: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+        """Token removal (see `SupportsTokenRemoval`): images (n, 3, S, S), keep (n, m) patch
+        indices -> embeddings (n, d) from the class token plus the kept patch tokens."""
+        s = self.model.config.image_size
+        if images.ndim != 4 or images.shape[1:] != (3, s, s):
+            raise VlctlError(f"encode_images_keep: expected images (n, 3, {s}, {s}), got {tuple(images.shape)}")
+        keep = check_keep(keep, images.shape[0], self.model.config.n_patches)
+        dev, dtype = self.model.device, self.model.logit_scale.dtype
+        outs = []
+        with torch.no_grad(), eval_mode(self.model):
+            for i in range(0, images.shape[0], self.batch_size):
+                x = images[i : i + self.batch_size].to(dev, dtype=dtype)
+                e = self.model.visual.forward_keep(x, keep[i : i + self.batch_size].to(dev))
+                outs.append((F.normalize(e, dim=-1) if normalize else e).to(images.device))
+        if not outs:
+            return torch.zeros(0, self.embed_dim, device=images.device)
+        return torch.cat(outs)
 
 
 def load_encoder(path: str | Path, map_location: str | torch.device = "cpu") -> TinyCLIPEncoder:

@@ -13,6 +13,7 @@ RECIPES: dict[str, str] = {
     "mad-clip": "vlctl.recipes.mad_clip:run",
     "controlembed-shapes": "vlctl.recipes.controlembed_shapes:run",
     "tevi-mad": "vlctl.recipes.tevi_mad:run",
+    "3vl-scenes": "vlctl.recipes.three_vl_scenes:run",
 }
 
 

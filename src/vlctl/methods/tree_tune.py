@@ -1,0 +1,440 @@
+"""3VL fine-tuning (METHODS.md §3.2): LoRA adapters, the tree loss, and the baselines' losses.
+
+LoRA. `LoRALinear` wraps a frozen nn.Linear: y = W x + b + (alpha / r) B A x with A (r, in)
+kaiming-uniform (as in the LoRA reference code) and B (out, r) zeros, so an
+adapted model equals its base exactly at initialisation. `add_lora(model, rank, alpha, targets)`
+wraps every nn.Linear whose qualified name matches a `targets` regex (default for TinyCLIP: the
+qkv / proj / MLP linears of both towers) and freezes everything else. OpenCLIP and Hugging Face
+CLIP get peft adapters (`add_lora_peft`); for OpenCLIP's nn.MultiheadAttention the attention
+module itself is the target (peft's adapter on its `out_proj` alone gets no gradient, because
+nn.MultiheadAttention reads `out_proj.weight` directly instead of calling the module).
+`save_adapters` writes only the adapter weights (safetensors) + adapter.json recording the base
+model's fingerprint (`base_fingerprint`: a hash of the frozen weights); `load_adapters` refuses
+another base. `merge_lora` folds the adapters into plain nn.Linear layers (a TinyCLIP again).
+
+Losses (image and text embeddings unit norm; s = the model's logit scale exp(t)):
+- `L_contrast`: symmetric CLIP InfoNCE (`vlctl.encoders.tiny_clip.clip_loss`).
+- `tree_loss`: for sample i and tree level l with candidates {P_il, N_il1..N_ilK} (mask for
+  padding), CE_il = -log softmax_k(s cos(I_i, T_ilk))[positive]. Levels without a negative are
+  ignored; per sample the valid levels are aggregated by "sum" (the paper, Eq. 2's L_tree) or
+  "mean" (the authors' code); the batch loss is the mean over samples.
+- `negclip_loss`: NegCLIP (Yuksekgonul et al. 2023): each caption's one hard negative is added to
+  the text batch as extra columns of the image->text CE (n x 2n logits, missing negatives
+  masked); text->image CE over the captions only; the mean of the two.
+- 3VL: L = alpha L_tree + (1 - alpha) L_contrast (alpha = 0.5).
+
+`TreeTuner(mode=...)` fine-tunes the LoRA adapters of a TinyCLIP with the project's one training
+loop (`vlctl.train.loop.train`); `pretrain_clip` trains the base TinyCLIP contrastively. Trees
+are precomputed once (`tree_tensors`: padded token tensor (N, L, 1 + K, C) and mask (N, L, 1 + K)).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlctl.config import config_to_dict, opt
+from vlctl.io import VlctlError, atomic_dir, atomic_save_safetensors, atomic_write_json, hash_state_dict, read_json
+
+TINYCLIP_TARGETS = (r".*blocks\.\d+\.attn\.(qkv|proj)$", r".*blocks\.\d+\.mlp\.(0|2)$")
+OPEN_CLIP_TARGETS = r".*resblocks\.\d+\.(attn|mlp\.c_fc|mlp\.c_proj)$"
+HF_CLIP_TARGETS = r".*layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|out_proj)|mlp\.(fc1|fc2))$"
+ADAPTER_FORMAT = "vlctl.lora/1"
+MODES = ("contrastive", "negclip", "tree")
+REDUCTIONS = ("sum", "mean")
+
+
+# --- LoRA ----------------------------------------------------------------------------------------
+
+
+class LoRALinear(nn.Module):
+    """y = base(x) + (alpha / rank) * (x A^T) B^T, base frozen; A (rank, in), B (out, rank).
+
+    A is kaiming-uniform (a = sqrt(5), as nn.Linear and the LoRA reference code), B zeros.
+    """
+
+    def __init__(self, base: nn.Linear, rank: int = 1, alpha: float = 1.0):
+        super().__init__()
+        if rank < 1:
+            raise VlctlError(f"LoRALinear: rank must be >= 1, got {rank}")
+        self.base = base
+        for p in self.base.parameters():
+            p.requires_grad_(False)
+        self.rank, self.alpha = int(rank), float(alpha)
+        self.scaling = self.alpha / self.rank
+        w = base.weight
+        self.lora_A = nn.Parameter(torch.empty(self.rank, base.in_features, dtype=w.dtype, device=w.device))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, self.rank, dtype=w.dtype, device=w.device))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scaling
+
+    def merged(self) -> nn.Linear:
+        """A plain nn.Linear with W + (alpha / r) B A."""
+        lin = copy.deepcopy(self.base)
+        with torch.no_grad():
+            lin.weight += self.scaling * (self.lora_B @ self.lora_A)
+        for p in lin.parameters():
+            p.requires_grad_(True)
+        return lin
+
+
+def _matches(name: str, targets: Sequence[str] | str) -> bool:
+    pats = [targets] if isinstance(targets, str) else list(targets)
+    return any(re.fullmatch(p, name) for p in pats)
+
+
+def add_lora(model: nn.Module, rank: int = 1, alpha: float = 1.0,
+             targets: Sequence[str] = TINYCLIP_TARGETS) -> nn.Module:
+    """Wrap (in place) every nn.Linear whose qualified name fully matches a `targets` regex in a
+    LoRALinear and freeze all other parameters; returns the model. VlctlError if none matches."""
+    hits = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and _matches(n, targets)]
+    if not hits:
+        raise VlctlError(f"add_lora: no nn.Linear matches the targets {list(targets)}")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for name in hits:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, LoRALinear(getattr(parent, child), rank, alpha))
+    return model
+
+
+def lora_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The adapter parameters by name (ours: lora_A / lora_B; peft: lora_A.* / lora_B.*)."""
+    return {n: p for n, p in model.named_parameters() if "lora_A" in n or "lora_B" in n}
+
+
+def merge_lora(model: nn.Module) -> nn.Module:
+    """A copy of `model` with every LoRALinear folded into a plain nn.Linear (all trainable)."""
+    out = copy.deepcopy(model)
+    for name, m in list(out.named_modules()):
+        if isinstance(m, LoRALinear):
+            parent_name, _, child = name.rpartition(".")
+            parent = out.get_submodule(parent_name) if parent_name else out
+            setattr(parent, child, m.merged())
+    for p in out.parameters():
+        p.requires_grad_(True)
+    return out
+
+
+def add_lora_peft(model: nn.Module, kind: str, rank: int = 1, alpha: float = 1.0) -> nn.Module:
+    """peft LoRA on an OpenCLIP ("open_clip") or Hugging Face CLIP ("hf") model (a PeftModel).
+
+    OpenCLIP: the nn.MultiheadAttention modules themselves (peft adapts in_proj and out_proj
+    through them) and the MLP linears; HF: q/k/v/out projections and fc1/fc2.
+    """
+    import peft
+
+    targets = {"open_clip": OPEN_CLIP_TARGETS, "hf": HF_CLIP_TARGETS}.get(kind)
+    if targets is None:
+        raise VlctlError(f"add_lora_peft: kind must be 'open_clip' or 'hf', got {kind!r}")
+    cfg = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none")
+    return peft.get_peft_model(model, cfg)
+
+
+_BASE_SEGMENTS = re.compile(r"(^|\.)(base_model\.model|base_layer|base)(?=\.)")
+
+
+def _base_name(name: str) -> str:
+    return _BASE_SEGMENTS.sub("", name).lstrip(".")
+
+
+def base_fingerprint(model: nn.Module) -> str:
+    """Hash of the model's non-adapter weights under their un-adapted names (the same before and
+    after `add_lora` / `add_lora_peft`)."""
+    state = {_base_name(k): v for k, v in model.state_dict().items() if "lora_" not in k}
+    return "base@" + hash_state_dict(state)[:16]
+
+
+def save_adapters(model: nn.Module, path: str | Path, base_id: str | None = None, extra: dict | None = None) -> Path:
+    """Write only the adapter weights (adapters.safetensors) + adapter.json (format, the base
+    fingerprint, the base encoder id if given, LoRA settings)."""
+    params = lora_parameters(model)
+    if not params:
+        raise VlctlError("save_adapters: the model has no LoRA adapters")
+    loras = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    doc = {"format": ADAPTER_FORMAT, "base_fingerprint": base_fingerprint(model), "base_encoder_id": base_id,
+           "rank": loras[0].rank if loras else None, "alpha": loras[0].alpha if loras else None,
+           "tensors": sorted(params), **(extra or {})}
+    with atomic_dir(path) as tmp:
+        atomic_save_safetensors(tmp / "adapters.safetensors", {k: v.detach().clone() for k, v in params.items()})
+        atomic_write_json(tmp / "adapter.json", doc)
+    return Path(path)
+
+
+def load_adapters(model: nn.Module, path: str | Path, targets: Sequence[str] = TINYCLIP_TARGETS) -> nn.Module:
+    """Add LoRA to a base TinyCLIP-like `model` (in place) and load saved adapter weights.
+
+    Refused (VlctlError) when `model` is not the base the adapters were trained on (fingerprint
+    of its frozen weights differs), when the file is missing or corrupt, or tensors disagree.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    doc = read_json(path / "adapter.json", "LoRA adapter.json")
+    if not isinstance(doc, dict) or doc.get("format") != ADAPTER_FORMAT:
+        raise VlctlError(f"{path / 'adapter.json'}: not a {ADAPTER_FORMAT} adapter file")
+    have = base_fingerprint(model)
+    if have != doc.get("base_fingerprint"):
+        raise VlctlError(f"{path}: adapters were trained on base {doc.get('base_fingerprint')} "
+                         f"(encoder {doc.get('base_encoder_id')}), this model is {have}; refusing to load them")
+    try:
+        tensors = load_file(str(path / "adapters.safetensors"))
+    except (OSError, SafetensorError) as e:
+        raise VlctlError(f"{path / 'adapters.safetensors'}: cannot read adapter weights ({e})") from None
+    add_lora(model, doc["rank"], doc["alpha"], targets)
+    params = lora_parameters(model)
+    if set(params) != set(tensors):
+        raise VlctlError(f"{path}: adapter tensors {sorted(set(tensors) ^ set(params))[:4]} do not match the model")
+    with torch.no_grad():
+        for k, p in params.items():
+            if p.shape != tensors[k].shape:
+                raise VlctlError(f"{path}: {k}: saved {tuple(tensors[k].shape)} vs model {tuple(p.shape)}")
+            p.copy_(tensors[k])
+    return model
+
+
+# --- losses --------------------------------------------------------------------------------------
+
+
+def tree_loss(image_emb: torch.Tensor, tree_emb: torch.Tensor, mask: torch.Tensor, scale: torch.Tensor | float,
+              reduction: str = "sum") -> torch.Tensor:
+    """3VL tree loss.
+
+    image_emb (n, d), tree_emb (n, L, 1 + K, d) (candidate 0 = the level's positive), mask
+    (n, L, 1 + K) bool (valid candidates). CE_il = logsumexp_k(s c_ilk) - s c_il0 over valid k;
+    levels with no valid negative are ignored; per sample "sum" or "mean" over its valid levels
+    (0 if none); mean over samples.
+    """
+    if reduction not in REDUCTIONS:
+        raise VlctlError(f"tree_loss: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    logits = scale * torch.einsum("nd,nlkd->nlk", image_emb, tree_emb)
+    logits = logits.masked_fill(~mask, float("-inf"))
+    level_ok = mask[..., 0] & mask[..., 1:].any(dim=-1)  # (n, L)
+    ce = torch.logsumexp(logits, dim=-1) - logits[..., 0]
+    ce = torch.where(level_ok, ce, torch.zeros_like(ce))
+    per_sample = ce.sum(dim=1)
+    if reduction == "mean":
+        per_sample = per_sample / level_ok.sum(dim=1).clamp(min=1)
+    return per_sample.mean()
+
+
+def negclip_loss(image_emb: torch.Tensor, text_emb: torch.Tensor, neg_emb: torch.Tensor, neg_mask: torch.Tensor,
+                 scale: torch.Tensor | float) -> torch.Tensor:
+    """NegCLIP: image->text CE over [captions; hard negatives] (n x 2n, masked where a caption has
+    no negative), text->image CE over the captions (n x n); their mean.
+    image_emb, text_emb, neg_emb (n, d); neg_mask (n,) bool."""
+    n = image_emb.shape[0]
+    texts = torch.cat([text_emb, neg_emb], dim=0)
+    i2t = scale * image_emb @ texts.t()
+    col_ok = torch.cat([torch.ones(n, dtype=torch.bool, device=neg_mask.device), neg_mask])
+    i2t = i2t.masked_fill(~col_ok[None, :], float("-inf"))
+    t2i = scale * text_emb @ image_emb.t()
+    labels = torch.arange(n, device=image_emb.device)
+    return 0.5 * (F.cross_entropy(i2t, labels) + F.cross_entropy(t2i, labels))
+
+
+def contrastive_loss(image_emb: torch.Tensor, text_emb: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """Symmetric CLIP InfoNCE (see tiny_clip.clip_loss)."""
+    from vlctl.encoders.tiny_clip import clip_loss
+
+    return clip_loss(image_emb, text_emb, scale)
+
+
+# --- trees as tensors ----------------------------------------------------------------------------
+
+
+def tree_tensors(trees: Sequence[list[dict]], tokenize, max_levels: int = 8, max_negatives: int = 8,
+                 seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad/flatten caption trees into (tokens (N, L, 1 + K, C) int64, mask (N, L, 1 + K) bool).
+
+    `trees[i]` is TreeGenerator.tree(caption_i): levels coarse -> fine, each {"positive",
+    "negatives"}. Levels beyond `max_levels` keep the finest ones (the last level is the
+    caption); more than `max_negatives` negatives are subsampled (seeded by (seed, i, level)).
+    Texts are tokenized once (unique texts).
+    """
+    levels = [list(t)[-max_levels:] for t in trees]
+    n_l = max((len(t) for t in levels), default=1) or 1
+    n_k = max((min(len(lv["negatives"]), max_negatives) for t in levels for lv in t), default=0)
+    texts: dict[str, int] = {}
+    index = np.full((len(levels), n_l, 1 + n_k), -1, dtype=np.int64)
+    for i, t in enumerate(levels):
+        for l, lv in enumerate(t):
+            negs = list(lv["negatives"])
+            if len(negs) > max_negatives:
+                pick = np.random.default_rng([seed, i, l]).choice(len(negs), max_negatives, replace=False)
+                negs = [negs[j] for j in sorted(pick)]
+            for k, text in enumerate([lv["positive"], *negs]):
+                index[i, l, k] = texts.setdefault(text, len(texts))
+    if not texts:
+        raise VlctlError("tree_tensors: no tree texts")
+    table = tokenize(list(texts))
+    mask = torch.from_numpy(index >= 0)
+    tokens = table[torch.from_numpy(np.maximum(index, 0))]
+    return tokens, mask
+
+
+# --- training ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeTuneConfig:
+    mode: str = opt("tree", "loss: 'contrastive', 'negclip' or 'tree' (alpha L_tree + (1 - alpha) L_contrast)")
+    alpha: float = opt(0.5, "weight of L_tree in the 3VL loss")
+    level_reduction: str = opt("sum", "tree levels aggregated by 'sum' (paper) or 'mean' (authors' code)")
+    rank: int = opt(1, "LoRA rank")
+    lora_alpha: float = opt(1.0, "LoRA alpha (the update is scaled by alpha / rank)")
+    lr: float = opt(3e-3, "peak learning rate of the adapters")
+    weight_decay: float = opt(0.1, "AdamW weight decay on the adapters")
+    epochs: int = opt(5, "passes over the fine-tuning set")
+    batch_size: int = opt(64, "batch size")
+    warmup_steps: int = opt(20, "linear warmup steps")
+    max_levels: int = opt(8, "tree levels kept per caption (the finest)")
+    max_negatives: int = opt(8, "negatives kept per tree level")
+    seed: int = opt(0, "seed of adapters' init, data order and negative subsampling")
+    threads: int = opt(0, "torch threads (0 = leave as is)")
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise VlctlError(f"TreeTuneConfig.mode: {self.mode!r} is not one of {list(MODES)}")
+        if self.level_reduction not in REDUCTIONS:
+            raise VlctlError(f"TreeTuneConfig.level_reduction: {self.level_reduction!r} is not one of {list(REDUCTIONS)}")
+        if not 0 <= self.alpha <= 1:
+            raise VlctlError(f"TreeTuneConfig.alpha: must be in [0, 1], got {self.alpha}")
+
+
+def _encode_unique(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Text embeddings (unit norm) of token rows (m, C), each distinct row encoded once."""
+    uniq, inverse = torch.unique(tokens, dim=0, return_inverse=True)
+    return model.encode_text(uniq, normalize=True)[inverse]
+
+
+class TreeTuner:
+    """Fine-tune LoRA adapters of a TinyCLIP on captioned images with one of MODES.
+
+    fit(model, images, captions, out_dir, trees=..., negatives=...) -> self; afterwards
+    `model_` is the adapted model (LoRA modules), `merged_` the plain TinyCLIP with merged
+    weights, `result_` the loop's TrainResult, `base_id_` the base encoder id.
+    """
+
+    def __init__(self, **params):
+        self.config = TreeTuneConfig(**params)
+
+    def fit(self, model: nn.Module, images: np.ndarray, captions: Sequence[str], out_dir: str | Path,
+            trees: Sequence[list[dict]] | None = None, negatives: Sequence[str | None] | None = None,
+            resume: bool = False) -> TreeTuner:
+        """images (N, S, S, 3) uint8; captions (N,); trees (N,) for mode 'tree'; negatives (N,)
+        (None = no negative for that caption) for 'negclip'. `model` is modified (adapters added)."""
+        from vlctl.encoders import tiny_clip
+        from vlctl.train.loop import LoopConfig, train
+
+        cfg = self.config
+        n = len(captions)
+        if len(images) != n:
+            raise VlctlError(f"TreeTuner.fit: {len(images)} images but {n} captions")
+        self.base_id_ = tiny_clip.encoder_id(model)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            add_lora(model, cfg.rank, cfg.lora_alpha)
+        pos_tokens = model.tokenize(list(captions))
+        extra: dict = {}
+        if cfg.mode == "tree":
+            if trees is None or len(trees) != n:
+                raise VlctlError("TreeTuner.fit: mode 'tree' needs one tree per caption")
+            extra["tree_tokens"], extra["tree_mask"] = tree_tensors(trees, model.tokenize, cfg.max_levels,
+                                                                    cfg.max_negatives, cfg.seed)
+        elif cfg.mode == "negclip":
+            if negatives is None or len(negatives) != n:
+                raise VlctlError("TreeTuner.fit: mode 'negclip' needs one negative (or None) per caption")
+            ok = torch.tensor([neg is not None for neg in negatives])
+            filled = [neg if neg is not None else c for neg, c in zip(negatives, captions)]
+            extra["neg_tokens"], extra["neg_mask"] = model.tokenize(filled), ok
+
+        def make_batch(idx: np.ndarray, epoch: int):
+            t = torch.as_tensor(idx)
+            batch = {"x": tiny_clip.preprocess_batch(np.asarray(images[idx])), "pos": pos_tokens[t]}
+            return {**batch, **{k: v[t] for k, v in extra.items()}}
+
+        def loss_fn(m, b):
+            img = m.encode_image(b["x"], normalize=True)
+            txt = m.encode_text(b["pos"], normalize=True)
+            scale = m.scale()
+            contrast = contrastive_loss(img, txt, scale)
+            if cfg.mode == "contrastive":
+                return contrast
+            if cfg.mode == "negclip":
+                neg = m.encode_text(b["neg_tokens"], normalize=True)
+                return negclip_loss(img, txt, neg, b["neg_mask"], scale)
+            tok, mask = b["tree_tokens"], b["tree_mask"]
+            emb = torch.zeros(*mask.shape, img.shape[1], dtype=img.dtype, device=img.device)
+            emb[mask] = _encode_unique(m, tok[mask])
+            lt = tree_loss(img, emb, mask, scale, cfg.level_reduction)
+            return cfg.alpha * lt + (1 - cfg.alpha) * contrast, {"tree": float(lt.detach()),
+                                                                  "contrast": float(contrast.detach())}
+
+        loop = LoopConfig(epochs=cfg.epochs, batch_size=min(cfg.batch_size, n), lr=cfg.lr,
+                          weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps, seed=cfg.seed,
+                          threads=cfg.threads, progress=False, log_every=10)
+        params = list(lora_parameters(model).values())
+        groups = [{"params": params, "lr": cfg.lr, "weight_decay": cfg.weight_decay}]
+        self.result_ = train(model, n_samples=n, make_batch=make_batch, loss_fn=loss_fn, cfg=loop, out_dir=out_dir,
+                             param_groups=groups, resume=resume, device="cpu",
+                             run_config={"tree_tune": config_to_dict(cfg), "base": self.base_id_})
+        model.eval()
+        self.model_ = model
+        self.merged_ = merge_lora(model).eval()
+        return self
+
+    def save(self, path: str | Path) -> Path:
+        """adapters/ (adapter weights + adapter.json) and model/ (the merged TinyCLIP)."""
+        from vlctl.encoders import tiny_clip
+
+        path = Path(path)
+        save_adapters(self.model_, path / "adapters", base_id=self.base_id_,
+                      extra={"tree_tune": config_to_dict(self.config)})
+        tiny_clip.save_pretrained(self.merged_, path / "model")
+        return path
+
+
+def pretrain_clip(images: np.ndarray, captions: Sequence[str], model_config, out_dir: str | Path, *, epochs: int,
+                  batch_size: int, lr: float, temperature_lr: float = 1e-2, warmup_steps: int = 50,
+                  weight_decay: float = 0.1, seed: int = 0, threads: int = 0, resume: bool = False):
+    """Train a TinyCLIP from scratch contrastively on (images, captions) with the one loop;
+    saves out_dir/model (TinyCLIP save_pretrained) and returns the model."""
+    from vlctl.encoders import tiny_clip
+    from vlctl.train.loop import LoopConfig, default_param_groups, train
+
+    model = tiny_clip.create_model(model_config, seed=seed)
+    tokens = model.tokenize(list(captions))
+
+    def make_batch(idx: np.ndarray, epoch: int):
+        return tiny_clip.preprocess_batch(np.asarray(images[idx])), tokens[torch.as_tensor(idx)]
+
+    def loss_fn(m, b):
+        img, txt, scale = m(*b)
+        return tiny_clip.clip_loss(img, txt, scale), {"temp": float(1.0 / scale.detach())}
+
+    others = nn.ModuleDict({"visual": model.visual, "text": model.text})
+    groups = [{**g, "lr": lr} for g in default_param_groups(others, weight_decay)]
+    groups.append({"params": [model.logit_scale], "lr": temperature_lr, "weight_decay": 0.0})
+    loop = LoopConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                      warmup_steps=warmup_steps, seed=seed, threads=threads, progress=False, log_every=20,
+                      checkpoint_every=200)
+    train(model, n_samples=len(captions), make_batch=make_batch, loss_fn=loss_fn, cfg=loop, out_dir=out_dir,
+          param_groups=groups, resume=resume, device="cpu",
+          run_config={"model": config_to_dict(model.config), "n": len(captions)})
+    model.eval()
+    tiny_clip.save_pretrained(model, Path(out_dir) / "model")
+    return model

@@ -1,0 +1,570 @@
+"""Recipe `3vl-scenes`: 3VL (METHODS.md §3) on procedural compositional scenes.
+
+Stages: data (train / finetune / test scenes + VL-CheckList-format test files) -> base (TinyCLIP
+with a word-level text tower, trained contrastively on the train split) -> trees (3VL caption
+trees and NegCLIP negatives of the finetune captions, TreeGenerator with the scenes' opposites
+table and vocabulary) -> finetune_<mode> (LoRA on the finetune split: contrastive, negclip,
+tree) -> evaluate (checklist scores of base / contrastive / negclip / tree / tree_anchor_tr,
+token-removal curves and deletion tests for base and tree, failure analysis) -> report.
+
+tree_anchor_tr is the tree model evaluated with 3VL's Anchor token removal: each item's image is
+re-encoded from its (1 - removal_fraction) most relevant patches by the HilaCAM map of the
+anchor text "AP or AN", then scored against both texts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import time
+from pathlib import Path
+
+import numpy as np
+
+from vlctl.config import config_from_dict, config_to_dict, opt
+from vlctl.data.scenes import (
+    CHECKLIST_CATEGORIES,
+    SCENE_OPPOSITES,
+    ScenesConfig,
+    generate_scenes,
+    load_checklist,
+    load_scenes,
+    vocabulary,
+)
+from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
+from vlctl.recipes.runner import Runner
+from vlctl.report import Report
+
+# 3VL paper (CLIP ViT-B/32, VL-CheckList VG; Tables I-III).
+PAPER = {
+    "checklist_avg": {"base": 66.13, "negclip": 69.75, "tree": 78.25, "tree_anchor_tr": 79.18},
+    "object_avg": {"base": 79.01, "contrastive": 81.18, "negclip": 81.54, "tree": 89.28},
+    "attribute_color": {"base": 66.68, "negclip": 73.62, "tree": 75.29, "tree_anchor_tr": 76.18},
+    "attribute_size": {"base": 67.90, "negclip": 66.12, "tree": 70.90, "tree_anchor_tr": 71.36},
+    "attribute_material": {"base": 67.25, "negclip": 75.83, "tree": 82.63, "tree_anchor_tr": 82.51},
+    "relation_spatial": {"base": 55.90, "negclip": 60.87, "tree": 81.14, "tree_anchor_tr": 84.29},
+}
+MODELS = ("base", "contrastive", "negclip", "tree", "tree_anchor_tr")
+FT_MODES = ("contrastive", "negclip", "tree")
+MAP_METHODS = ("hilacam", "anchor", "dire")
+FRACTIONS = tuple(round(0.1 * k, 1) for k in range(11))
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreeVLScenesRecipe:
+    n_train: int = opt(8000, "train-split scenes (base pre-training)")
+    n_finetune: int = opt(3000, "finetune-split scenes (LoRA fine-tuning)")
+    n_test: int = opt(500, "test-split scenes (one checklist item per scene and category at most)")
+    image_size: int = opt(32, "image side (the TinyCLIP config's image_size)")
+    model: str = opt("scenes-quick", "TinyCLIP config name (word-level text tower over the scenes vocabulary)")
+    base_epochs: int = opt(8, "base pre-training epochs")
+    base_batch_size: int = opt(128, "base pre-training batch size")
+    base_lr: float = opt(2e-3, "base pre-training peak lr")
+    temperature_lr: float = opt(1e-2, "base pre-training temperature lr")
+    base_warmup_steps: int = opt(50, "base pre-training warmup steps")
+    ft_epochs: int = opt(4, "fine-tuning epochs (same for every mode)")
+    ft_batch_size: int = opt(64, "fine-tuning batch size")
+    ft_lr: float = opt(5e-3, "LoRA learning rate")
+    ft_warmup_steps: int = opt(20, "fine-tuning warmup steps")
+    rank: int = opt(4, "LoRA rank")
+    lora_alpha: float = opt(4.0, "LoRA alpha")
+    alpha: float = opt(0.5, "3VL weight of L_tree")
+    level_reduction: str = opt("sum", "tree levels: 'sum' (paper) or 'mean' (authors' code)")
+    max_levels: int = opt(8, "tree levels kept per caption")
+    max_negatives: int = opt(8, "negatives kept per tree level")
+    n_relevancy: int = opt(60, "items per category for token-removal curves and deletion tests")
+    removal_fraction: float = opt(0.65, "Anchor token removal fraction (tree_anchor_tr)")
+    deletion_fraction: float = opt(0.5, "fraction of patches removed in the deletion test")
+    n_expansion: int = opt(10, "failing items per model given a tree-node expansion")
+    threads: int = opt(2, "torch threads (0 = leave as is)")
+    workers: int = opt(2, "data generation processes")
+    seed: int = opt(0, "seed of data, training and negatives")
+
+
+def load_preset(quick: bool) -> ThreeVLScenesRecipe:
+    path = Path(__file__).with_name("3vl-scenes.json")
+    return config_from_dict(ThreeVLScenesRecipe, read_json(path)["quick" if quick else "full"], source=str(path))
+
+
+def _generator(seed: int):
+    from vlctl.methods.trees import TreeGenerator
+
+    return TreeGenerator(seed=seed, opposites=SCENE_OPPOSITES, vocabulary=set(vocabulary()))
+
+
+# --- stages --------------------------------------------------------------------------------------
+
+
+def _data(cfg: ThreeVLScenesRecipe, work: Path) -> None:
+    for split, n in (("train", cfg.n_train), ("finetune", cfg.n_finetune), ("test", cfg.n_test)):
+        generate_scenes(ScenesConfig(n=n, seed=cfg.seed, split=split, image_size=cfg.image_size, workers=cfg.workers),
+                        work / split)
+
+
+def _base(cfg: ThreeVLScenesRecipe, data_dir: Path, work: Path, resume: bool) -> None:
+    import torch
+
+    from vlctl.methods.tree_tune import pretrain_clip
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    d = load_scenes(data_dir / "train")
+    pretrain_clip(d["images"], [lab["caption"] for lab in d["labels"]], cfg.model, work, epochs=cfg.base_epochs,
+                  batch_size=cfg.base_batch_size, lr=cfg.base_lr, temperature_lr=cfg.temperature_lr,
+                  warmup_steps=cfg.base_warmup_steps, seed=cfg.seed, threads=cfg.threads, resume=resume)
+
+
+def _trees(cfg: ThreeVLScenesRecipe, data_dir: Path, work: Path) -> None:
+    caps = [lab["caption"] for lab in load_scenes(data_dir / "finetune")["labels"]]
+    gen = _generator(cfg.seed)
+    t0 = time.perf_counter()
+    uniq = sorted(set(caps))
+    trees = dict(zip(uniq, gen.trees(uniq)))
+    t_trees = time.perf_counter() - t0
+    negs = {c: gen.random_negative(c, seed=cfg.seed) for c in uniq}
+    atomic_write_json(work / "trees.json", {"trees": [trees[c] for c in caps],
+                                            "negatives": [None if negs[c] is None else negs[c][0] for c in caps],
+                                            "negative_pos": [None if negs[c] is None else negs[c][1] for c in caps],
+                                            "seconds": t_trees, "n_unique": len(uniq)})
+
+
+def _finetune(cfg: ThreeVLScenesRecipe, mode: str, base_dir: Path, data_dir: Path, trees_dir: Path, work: Path) -> None:
+    import torch
+
+    from vlctl.encoders import tiny_clip
+    from vlctl.methods.tree_tune import TreeTuner
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    d = load_scenes(data_dir / "finetune")
+    t = read_json(trees_dir / "trees.json", "trees")
+    model = tiny_clip.load_pretrained(base_dir / "model")
+    t0 = time.perf_counter()
+    tuner = TreeTuner(mode=mode, alpha=cfg.alpha, level_reduction=cfg.level_reduction, rank=cfg.rank,
+                      lora_alpha=cfg.lora_alpha, lr=cfg.ft_lr, epochs=cfg.ft_epochs, batch_size=cfg.ft_batch_size,
+                      warmup_steps=cfg.ft_warmup_steps, max_levels=cfg.max_levels, max_negatives=cfg.max_negatives,
+                      seed=cfg.seed, threads=cfg.threads)
+    tuner.fit(model, d["images"], [lab["caption"] for lab in d["labels"]], work / "run", trees=t["trees"],
+              negatives=t["negatives"])
+    tuner.save(work)
+    atomic_write_json(work / "fit.json", {"seconds": time.perf_counter() - t0, "steps": tuner.result_.steps,
+                                          "final_loss": tuner.result_.final_loss, "base_id": tuner.base_id_})
+
+
+# --- evaluation ----------------------------------------------------------------------------------
+
+
+def _cos(a, b) -> np.ndarray:
+    return (a * b).sum(-1).double().numpy()
+
+
+def _one_word_diff(pos: str, neg: str) -> tuple[str, str] | None:
+    a, b = pos.split(), neg.split()
+    if len(a) != len(b):
+        sm = difflib.SequenceMatcher(a=a, b=b)
+        ops = [o for o in sm.get_opcodes() if o[0] != "equal"]
+        return (" ".join(a[ops[0][1]:ops[0][2]]), " ".join(b[ops[0][3]:ops[0][4]])) if ops else None
+    diff = [(x, y) for x, y in zip(a, b) if x != y]
+    return diff[0] if len(diff) == 1 else None
+
+
+def expansion_words(word: str, wn=None) -> list[str]:
+    """Co-hyponyms / synonyms / opposites of `word` the scenes vocabulary can express: the
+    scenes table, then WordNet antonyms and co-hyponyms (adjective and noun senses) in vocabulary."""
+    vocab = set(vocabulary())
+    out = list(SCENE_OPPOSITES.get(word, []))
+    if wn is not None:
+        from vlctl.methods import wordnet as wnmod
+
+        for pos in ("a", "n"):
+            for w in [*wnmod.antonyms(wn, word, pos), *wnmod.co_hyponyms(wn, word, pos)]:
+                if w in vocab and w not in out and w != word:
+                    out.append(w)
+    return out
+
+
+def _evaluate(cfg: ThreeVLScenesRecipe, data_dir: Path, base_dir: Path, ft_dirs: dict[str, Path], work: Path) -> None:
+    import torch
+
+    from vlctl.encoders import tiny_clip
+    from vlctl.methods import relevancy as rel
+    from vlctl.methods.trees import anchor_text
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    timings: dict[str, float] = {}
+    test = load_scenes(data_dir / "test")
+    items = {c: load_checklist(data_dir / "test", c) for c in CHECKLIST_CATEGORIES}
+    encoders = {"base": tiny_clip.load_encoder(base_dir / "model")}
+    for m in FT_MODES:
+        encoders[m] = tiny_clip.load_encoder(ft_dirs[m] / "model")
+    x_all = encoders["base"].preprocess_batch(np.asarray(test["images"]))
+    arrays: dict[str, np.ndarray] = {}
+
+    t0 = time.perf_counter()
+    for name, enc in encoders.items():
+        img = enc.encode_images(x_all)
+        for c in CHECKLIST_CATEGORIES:
+            idx = [it["index"] for it in items[c]]
+            p = enc.encode_texts(enc.tokenize([it["pos"] for it in items[c]]))
+            n = enc.encode_texts(enc.tokenize([it["neg"] for it in items[c]]))
+            arrays[f"scores_{name}__{c}"] = np.stack([_cos(img[idx], p), _cos(img[idx], n)], axis=1)
+    timings["checklist_s"] = time.perf_counter() - t0
+
+    # tree_anchor_tr: Anchor-map token removal at inference, on every item.
+    t0 = time.perf_counter()
+    tree = encoders["tree"]
+    for c in CHECKLIST_CATEGORIES:
+        idx = [it["index"] for it in items[c]]
+        anchors = [anchor_text(it["pos"], it["neg"]) for it in items[c]]
+        x = x_all[idx]
+        maps = rel.anchor_map(tree, x, anchors)
+        e = rel.remove_tokens(tree, x, maps, cfg.removal_fraction).float()
+        p = tree.encode_texts(tree.tokenize([it["pos"] for it in items[c]]))
+        n = tree.encode_texts(tree.tokenize([it["neg"] for it in items[c]]))
+        arrays[f"scores_tree_anchor_tr__{c}"] = np.stack([_cos(e, p), _cos(e, n)], axis=1)
+        arrays[f"anchor_maps__{c}"] = maps
+    timings["anchor_tr_s"] = time.perf_counter() - t0
+
+    # Token-removal curves and deletion tests on the first n_relevancy items of each category.
+    t0 = time.perf_counter()
+    sub = [(c, it) for c in CHECKLIST_CATEGORIES for it in items[c][: cfg.n_relevancy]]
+    xs = x_all[[it["index"] for _, it in sub]]
+    pos = [it["pos"] for _, it in sub]
+    neg = [it["neg"] for _, it in sub]
+    anchors = [anchor_text(p, n) for p, n in zip(pos, neg)]
+    curves, deletion = {}, {}
+    for name in ("base", "tree"):
+        enc = encoders[name]
+        m_pos = rel.hila_cam(enc, xs, pos)
+        m_neg = rel.hila_cam(enc, xs, neg)
+        maps = {"hilacam": m_pos, "anchor": rel.anchor_map(enc, xs, anchors), "dire": rel.dire_from_maps(m_pos, m_neg)}
+        curves[name] = {}
+        for method, mp in maps.items():
+            acc = 100.0 * rel.token_removal_curve(enc, xs, pos, neg, mp, FRACTIONS)
+            arrays[f"removal_{name}__{method}"] = acc
+            arrays[f"maps_{name}__{method}"] = mp
+            curves[name][method] = {"fractions": list(FRACTIONS), "accuracy": acc.tolist(),
+                                    "at_65": float(100.0 * rel.token_removal_curve(enc, xs, pos, neg, mp,
+                                                                                   [cfg.removal_fraction])[0])}
+        d = rel.deletion_test(enc, xs, pos, m_pos, cfg.deletion_fraction, cfg.seed)
+        arrays[f"deletion_{name}__drop_relevant"] = d.pop("drop_relevant")
+        arrays[f"deletion_{name}__drop_random"] = d.pop("drop_random")
+        deletion[name] = {**d, "holds": d["mean_drop_relevant"] > d["mean_drop_random"]}
+    arrays["removal_fractions"] = np.array(FRACTIONS)
+    arrays["relevancy_item_category"] = np.array([c for c, _ in sub])
+    arrays["relevancy_item_index"] = np.array([it["index"] for _, it in sub])
+    timings["relevancy_s"] = time.perf_counter() - t0
+
+    # Failures per POS tag and tree-node expansion at the first failing level.
+    t0 = time.perf_counter()
+    failures: dict[str, dict[str, int]] = {}
+    for name in MODELS:
+        counts: dict[str, int] = {}
+        for c in CHECKLIST_CATEGORIES:
+            s = arrays[f"scores_{name}__{c}"]
+            for it, (sp, sn) in zip(items[c], s):
+                if sp <= sn:
+                    counts[it["pos_tag"]] = counts.get(it["pos_tag"], 0) + 1
+        failures[name] = {tag: counts.get(tag, 0) for tag in ("NOUN", "ADJ", "ADP", "VERB")}
+    n_by_pos: dict[str, int] = {}
+    for c in CHECKLIST_CATEGORIES:
+        for it in items[c]:
+            n_by_pos[it["pos_tag"]] = n_by_pos.get(it["pos_tag"], 0) + 1
+    expansion = {name: _expansions(cfg, encoders[name], x_all, items, arrays, name) for name in ("base", "tree")}
+    timings["failure_analysis_s"] = time.perf_counter() - t0
+
+    atomic_save_npz(work / "eval.npz", **arrays)
+    atomic_write_json(work / "eval.json", {"token_removal": curves, "deletion": deletion, "failures_by_pos": failures,
+                                           "n_items_by_pos": n_by_pos, "tree_expansion": expansion,
+                                           "timings": timings, "n_relevancy_items": len(sub)})
+
+
+def _expansions(cfg, enc, x_all, items, arrays, name) -> list[dict]:
+    """For up to n_expansion failing items: the caption tree of the positive, the first level
+    whose positive does not beat every negative, and at that level the expansion of both words
+    of its strongest negative with co-hyponyms / synonyms / opposites (probabilities over the
+    level's positive, its negatives and the expanded texts, with the model's logit scale)."""
+    import torch
+
+    from vlctl.methods import wordnet as wnmod
+
+    gen = _generator(cfg.seed)
+    try:
+        wn = wnmod.load_wordnet()
+    except Exception:  # noqa: BLE001 - WordNet is optional for the expansion
+        wn = None
+    scale = float(enc.model.scale())
+    out = []
+    per_category = -(-cfg.n_expansion // len(CHECKLIST_CATEGORIES))
+    for c in CHECKLIST_CATEGORIES:
+        s = arrays[f"scores_{name}__{c}"]
+        failing = [it for it, (sp, sn) in zip(items[c], s) if sp <= sn][:per_category]
+        for it in failing:
+            img = enc.encode_images(x_all[[it["index"]]])
+            tree = gen.tree(it["pos"])
+            rec = {"category": c, "index": it["index"], "pos": it["pos"], "neg": it["neg"], "pos_tag": it["pos_tag"],
+                   "failing_level": None}
+            for level, lv in enumerate(tree):
+                if not lv["negatives"]:
+                    continue
+                texts = [lv["positive"], *lv["negatives"]]
+                sc = _cos(img.expand(len(texts), -1), enc.encode_texts(enc.tokenize(texts)))
+                if sc[1:].max() < sc[0]:
+                    continue
+                worst = lv["negatives"][int(np.argmax(sc[1:]))]
+                pair = _one_word_diff(lv["positive"], worst)
+                rec.update(failing_level=level, level_positive=lv["positive"], strongest_negative=worst)
+                if pair is not None:
+                    w_pos, w_neg = pair
+                    cands = {lv["positive"], worst}
+                    pos_words = expansion_words(w_pos, wn)
+                    neg_words = expansion_words(w_neg, wn)
+                    for w in dict.fromkeys([*pos_words, *neg_words]):
+                        cands.add(_swap_word(lv["positive"], w_pos, w))
+                    cands = sorted(cands)
+                    sc2 = _cos(img.expand(len(cands), -1), enc.encode_texts(enc.tokenize(cands)))
+                    prob = torch.softmax(torch.tensor(scale * sc2), 0).numpy()
+                    order = np.argsort(-prob)
+                    rec.update(positive_word=w_pos, negative_word=w_neg, positive_word_expansion=pos_words,
+                               negative_word_expansion=neg_words,
+                               ranked=[[cands[k], float(prob[k])] for k in order[:6]])
+                break
+            out.append(rec)
+    return out
+
+
+def _swap_word(text: str, old: str, new: str) -> str:
+    words = text.split()
+    return " ".join(new if w == old else w for w in words)
+
+
+def _accuracy(scores: np.ndarray) -> float:
+    """Percent of items whose positive score is strictly above the negative one."""
+    return 100.0 * float((scores[:, 0] > scores[:, 1]).mean()) if len(scores) else float("nan")
+
+
+def results_from_eval(eval_dir: Path, data_dir: Path) -> dict:
+    arr = np.load(eval_dir / "eval.npz")
+    ev = read_json(eval_dir / "eval.json", "eval.json")
+    checklist = {c: {m: _accuracy(arr[f"scores_{m}__{c}"]) for m in MODELS} for c in CHECKLIST_CATEGORIES}
+    checklist["average"] = {m: float(np.mean([checklist[c][m] for c in CHECKLIST_CATEGORIES])) for m in MODELS}
+    obj = load_checklist(data_dir / "test", "object")
+    object_by = {}
+    for key in ("object_size", "object_location"):
+        for v in sorted({it[key] for it in obj}):
+            rows = np.array([it[key] == v for it in obj])
+            object_by[f"{key.split('_')[1]}={v}"] = {m: _accuracy(arr[f"scores_{m}__object"][rows]) for m in MODELS}
+    return {"checklist": checklist, "checklist_object_breakdown": object_by,
+            "n_items": {c: int(len(arr[f"scores_base__{c}"])) for c in CHECKLIST_CATEGORIES},
+            "token_removal": ev["token_removal"], "deletion": ev["deletion"], "failures_by_pos": ev["failures_by_pos"],
+            "n_items_by_pos": ev["n_items_by_pos"], "tree_expansion": ev["tree_expansion"],
+            "eval_timings": ev["timings"]}
+
+
+def _targets(r: dict) -> dict:
+    avg = r["checklist"]["average"]
+    tr = r["token_removal"]["tree"]["anchor"]
+    return {
+        "tree_beats_base_by_15": avg["tree"] - avg["base"] >= 15.0,
+        "tree_beats_contrastive": avg["tree"] > avg["contrastive"],
+        "tree_beats_negclip": avg["tree"] > avg["negclip"],
+        "anchor_tr_65_no_loss_vs_no_removal": tr["at_65"] >= tr["accuracy"][0],
+        "anchor_tr_65_no_loss_full_checklist": avg["tree_anchor_tr"] >= avg["tree"],
+        "deletion_holds_base": bool(r["deletion"]["base"]["holds"]),
+        "deletion_holds_tree": bool(r["deletion"]["tree"]["holds"]),
+    }
+
+
+ARRAYS_README = """# arrays/
+
+`checklist.npz`: `scores_<model>__<category>` (n, 2) float64, per test item of the category
+(checklist/<category>.json, same order) [cosine(image, POS), cosine(image, NEG)], for models
+base, contrastive, negclip, tree (embeddings of the full image) and tree_anchor_tr (the tree
+model's image embedding re-encoded from the 35% most relevant patches of the Anchor map).
+`checklist[category][model] = 100 * mean(scores[:, 0] > scores[:, 1])`;
+`checklist["average"][model]` = mean over the five categories.
+
+`token_removal.npz`: `removal_<model>__<method>` (11,) accuracy (%) after removing the least
+relevant fraction `removal_fractions` of patches (vlctl.methods.relevancy.token_removal_curve),
+for model in {base, tree} and method in {hilacam (map of the positive text), anchor, dire},
+over the items listed by `relevancy_item_category` / `relevancy_item_index` (the first
+n_relevancy items of each category); `maps_<model>__<method>` (n, gh, gw) the maps used.
+`token_removal[model][method]["at_65"]` is the same curve evaluated at removal_fraction.
+
+`deletion.npz`: `deletion_<model>__drop_relevant` / `__drop_random` (n,): cosine drop with
+the positive text after removing the most relevant (HilaCAM of the positive) vs as many random
+patches; `deletion[model]["mean_drop_*"]` are their means and "holds" is relevant > random.
+"""
+
+
+# --- figures and report --------------------------------------------------------------------------
+
+
+def _figures(out: Path, r: dict, data_dir: Path, eval_dir: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig_dir = out / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    cats = [*CHECKLIST_CATEGORIES, "average"]
+    x = np.arange(len(cats))
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    w = 0.8 / len(MODELS)
+    for i, m in enumerate(MODELS):
+        ax.bar(x + (i - (len(MODELS) - 1) / 2) * w, [r["checklist"][c][m] for c in cats], w, label=m)
+    ax.axhline(50, color="k", lw=0.8, ls=":")
+    ax.set_xticks(x, [c.replace("_", "\n") for c in cats], fontsize=7)
+    ax.set_ylabel("checklist accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7, ncol=5)
+    fig.tight_layout()
+    fig.savefig(fig_dir / "checklist.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for name, ls in (("base", "--"), ("tree", "-")):
+        for method in MAP_METHODS:
+            c = r["token_removal"][name][method]
+            ax.plot(c["fractions"], c["accuracy"], ls, marker="o", ms=3, label=f"{name} {method}")
+    ax.set_xlabel("fraction of patches removed (least relevant first)")
+    ax.set_ylabel("accuracy (%)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(fig_dir / "token_removal.png", dpi=120)
+    plt.close(fig)
+
+    from vlctl.methods import relevancy as rel
+
+    arr = np.load(eval_dir / "eval.npz")
+    test = load_scenes(data_dir / "test")
+    overlays = []
+    cats_rel = arr["relevancy_item_category"]
+    for cat in ("relation_spatial", "attribute_color"):
+        rows = np.flatnonzero(cats_rel == cat)
+        if not len(rows):
+            continue
+        k = int(rows[0])
+        image = np.asarray(test["images"][int(arr["relevancy_item_index"][k])])
+        for name in ("base", "tree"):
+            for method in MAP_METHODS:
+                path = fig_dir / f"overlay_{cat}_{name}_{method}.png"
+                rel.save_overlay(image, arr[f"maps_{name}__{method}"][k], path)
+                overlays.append(path.name)
+    return overlays
+
+
+def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLScenesRecipe | None = None,
+        stages: str | Path | None = None) -> Path:
+    cfg = cfg or load_preset(quick)
+    runner = Runner(out, force=force, stages=stages)
+    t_start = time.perf_counter()
+    data_key = {"recipe": "3vl-scenes", **{f: getattr(cfg, f) for f in ("n_train", "n_finetune", "n_test",
+                                                                          "image_size", "seed")},
+                "scenes": config_to_dict(ScenesConfig())}
+    data_dir = runner.stage("data", data_key, lambda w: _data(cfg, w))
+    from vlctl.encoders import get_config
+
+    base_key = {"data": data_key, "architecture": config_to_dict(get_config(cfg.model)),
+                **{f: getattr(cfg, f) for f in ("base_epochs", "base_batch_size", "base_lr", "temperature_lr",
+                                                "base_warmup_steps")}}
+    base_dir = runner.stage("base", base_key, lambda w, r: _base(cfg, data_dir, w, r), resumable=True)
+    trees_key = {"data": data_key, "vocabulary": list(vocabulary()), "generator": "vlctl.methods.trees"}
+    trees_dir = runner.stage("trees", trees_key, lambda w: _trees(cfg, data_dir, w))
+    ft_fields = ("ft_epochs", "ft_batch_size", "ft_lr", "ft_warmup_steps", "rank", "lora_alpha")
+    ft_dirs = {}
+    for mode in FT_MODES:
+        key = {"base": base_key, "trees": trees_key, "mode": mode, **{f: getattr(cfg, f) for f in ft_fields}}
+        if mode == "tree":
+            key.update({f: getattr(cfg, f) for f in ("alpha", "level_reduction", "max_levels", "max_negatives")})
+        ft_dirs[mode] = runner.stage(f"finetune_{mode}", key,
+                                     lambda w, mode=mode: _finetune(cfg, mode, base_dir, data_dir, trees_dir, w))
+    eval_key = {"finetune": {m: ft_dirs[m].name for m in FT_MODES}, "base": base_dir.name,
+                **{f: getattr(cfg, f) for f in ("n_relevancy", "removal_fraction", "deletion_fraction", "n_expansion")}}
+    eval_dir = runner.stage("evaluate", eval_key, lambda w: _evaluate(cfg, data_dir, base_dir, ft_dirs, w))
+
+    r = results_from_eval(eval_dir, data_dir)
+    arr = np.load(eval_dir / "eval.npz")
+    arrays = out / "arrays"
+    atomic_save_npz(arrays / "checklist.npz", **{k: arr[k] for k in arr.files if k.startswith("scores_")})
+    atomic_save_npz(arrays / "token_removal.npz", **{k: arr[k] for k in arr.files
+                                                      if k.startswith(("removal_", "maps_", "relevancy_"))})
+    atomic_save_npz(arrays / "deletion.npz", **{k: arr[k] for k in arr.files if k.startswith("deletion_")})
+    atomic_write_text(arrays / "README.md", ARRAYS_README)
+    fits = {m: read_json(ft_dirs[m] / "fit.json", "fit.json") for m in FT_MODES}
+    trees_info = read_json(trees_dir / "trees.json", "trees")
+    results = {"recipe": "3vl-scenes", "quick": quick, "config": config_to_dict(cfg), "paper": PAPER, **r,
+               "fine_tuning": fits,
+               "trees": {"seconds": trees_info["seconds"], "n_unique": trees_info["n_unique"],
+                         "mean_levels": float(np.mean([len(t) for t in trees_info["trees"]])),
+                         "mean_negatives": float(np.mean([sum(len(lv["negatives"]) for lv in t)
+                                                          for t in trees_info["trees"]])),
+                         "negclip_coverage": float(np.mean([n is not None for n in trees_info["negatives"]]))}}
+    results["targets"] = _targets(results)
+    results["timings"] = {**runner.timings, "total_seconds": time.perf_counter() - t_start}
+    overlays = _figures(out, results, data_dir, eval_dir)
+    results["timings"]["total_seconds"] = time.perf_counter() - t_start
+    atomic_write_json(out / "results.json", results)
+    _report(cfg, results, quick, overlays).write(out)
+    return out / "report.md"
+
+
+def _report(cfg: ThreeVLScenesRecipe, r: dict, quick: bool, overlays: list[str]) -> Report:
+    rep = Report(f"3vl-scenes{' (--quick)' if quick else ''}: caption trees + LoRA on compositional scenes")
+    rep.text(f"Base: TinyCLIP `{cfg.model}` ({cfg.image_size} px, word-level text tower) trained contrastively on "
+             f"{cfg.n_train} train scenes for {cfg.base_epochs} epochs. Fine-tuning: LoRA rank {cfg.rank} (alpha "
+             f"{cfg.lora_alpha}) on {cfg.n_finetune} finetune scenes, {cfg.ft_epochs} epochs, lr {cfg.ft_lr}, the same "
+             f"budget for every loss. Test: {cfg.n_test} scenes whose configurations appear in no training split. "
+             "Paper: CLIP ViT-B/32 on COCO, evaluated on VL-CheckList VG (real images); numbers are percentages.")
+    rep.heading("Checklist accuracy (positive scored above its one-word negative)")
+    rows = [[c, *[r["checklist"][c][m] for m in MODELS], r["n_items"].get(c)] for c in CHECKLIST_CATEGORIES]
+    rows.append(["average", *[r["checklist"]["average"][m] for m in MODELS], None])
+    for c in ("attribute_color", "attribute_size", "attribute_material", "relation_spatial"):
+        rows.append([f"paper: {c}", *[PAPER[c].get(m) for m in MODELS], None])
+    rows.append(["paper: VL-CheckList avg (attr/rel)", *[PAPER["checklist_avg"].get(m) for m in MODELS], None])
+    rows.append(["paper: object avg", *[PAPER["object_avg"].get(m) for m in MODELS], None])
+    rep.table(["category", *MODELS, "items"], rows)
+    rep.figure("figures/checklist.png", "Checklist accuracy per category and model")
+    rep.text("Object items by the changed object's size and location (VL-CheckList's Object subsets):")
+    rep.table(["subset", *MODELS], [[k, *[v[m] for m in MODELS]] for k, v in r["checklist_object_breakdown"].items()])
+    rep.heading("Targets")
+    rep.table(["target", "met"], [[k, str(v)] for k, v in r["targets"].items()])
+    rep.heading("Token removal (least relevant patches first)")
+    rep.text(f"Accuracy on the first {cfg.n_relevancy} items of each category after removing "
+             "a fraction of the patches by each map (HilaCAM: map of the positive text; Anchor: map of 'AP or AN'; "
+             "DiRe: positive minus negative map, uses the label).")
+    fr = r["token_removal"]["base"]["hilacam"]["fractions"]
+    rows = []
+    for name in ("base", "tree"):
+        for method in MAP_METHODS:
+            c = r["token_removal"][name][method]
+            rows.append([f"{name} {method}", *[c["accuracy"][k] for k in (0, 3, 5, 7, 9)], c["at_65"]])
+    rep.table(["model / map", *[f"{fr[k]:.1f}" for k in (0, 3, 5, 7, 9)], f"{cfg.removal_fraction:.2f}"], rows)
+    rep.figure("figures/token_removal.png", "Token-removal curves")
+    rep.heading("Deletion test")
+    rep.text(f"Removing the {cfg.deletion_fraction:.0%} most relevant patches (HilaCAM of the positive) vs as many "
+             "random ones: mean drop of the image-text cosine.")
+    rep.table(["model", "drop relevant", "drop random", "share relevant > random", "holds"],
+              [[m, d["mean_drop_relevant"], d["mean_drop_random"], d["share_relevant_larger"], str(d["holds"])]
+               for m, d in r["deletion"].items()], digits=3)
+    rep.heading("Failures per POS tag of the replaced word")
+    tags = ("NOUN", "ADJ", "ADP")
+    rep.table(["model", *tags], [[m, *[r["failures_by_pos"][m][t] for t in tags]] for m in MODELS]
+              + [["items", *[r["n_items_by_pos"].get(t, 0) for t in tags]]], digits=0)
+    rep.text("Tree-node expansion (first failing tree level of failing items; the strongest negative's words "
+             "expanded with co-hyponyms / synonyms / opposites; top texts by probability):")
+    for name in ("base", "tree"):
+        for e in r["tree_expansion"][name][:3]:
+            ranked = "; ".join(f"{t} ({p:.2f})" for t, p in e.get("ranked", [])[:4])
+            rep.text(f"[{name}] {e['category']}: '{e['pos']}' vs '{e['neg']}' -> level {e['failing_level']} "
+                     f"('{e.get('level_positive', '')}' vs '{e.get('strongest_negative', '')}'): {ranked}")
+    rep.heading("Relevancy maps")
+    for name in overlays:
+        rep.figure(f"figures/{name}", name.removesuffix(".png").replace("_", " "))
+    rep.heading("Timings")
+    rep.table(["stage", "seconds", "cached"],
+              [[k, v["seconds"], v["cached"]] for k, v in r["timings"].items() if isinstance(v, dict)]
+              + [["total", r["timings"]["total_seconds"], ""]])
+    return rep

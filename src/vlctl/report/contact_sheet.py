@@ -1,0 +1,158 @@
+"""Contact sheets: a titled grid of thumbnails in one PNG (used by `vlctl cluster`).
+
+    write_contact_sheet(["a.jpg", "b.png"], "out/cluster_00.png", title="cluster 0 · 12 images")
+
+Images may be file paths, PIL images, uint8 arrays (H, W, 3) or (H, W), or encoded bytes. An
+image that cannot be read (missing, corrupt, a decompression bomb) becomes a grey tile with a red
+cross: it is counted and named in the result, never an exception, so one bad file cannot stop a
+sheet of a 1M-image gallery.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vlctl.io import VlctlError, atomic_write_bytes
+
+_BACKGROUND = (255, 255, 255)
+_FAILED_TILE = (160, 160, 160)
+_MARKER = (200, 0, 0)
+_PAD = 2  # pixels between tiles
+_TITLE_H = 18  # height of one title line (PIL's default font is 10-11 px high)
+
+
+@dataclasses.dataclass(frozen=True)
+class ContactSheet:
+    """What `write_contact_sheet` wrote: the PNG path, the number of tiles, the size in pixels,
+    and the unreadable images as (position in the input, reason)."""
+
+    path: Path
+    n_images: int
+    size: tuple[int, int]
+    unreadable: list[tuple[int, str]]
+
+
+def _thumbnail(item: Any, thumb: int, max_pixels: int):
+    """One image as an RGB thumbnail fitting thumb x thumb (aspect kept), or raise with a reason."""
+    from PIL import Image
+
+    from vlctl.index.extract import read_image
+
+    if isinstance(item, Image.Image):
+        im = item.convert("RGB")
+    elif isinstance(item, (bytes, bytearray, memoryview)):
+        im = read_image(io.BytesIO(bytes(item)), max_pixels)
+    elif isinstance(item, (str, os.PathLike)):
+        im = read_image(item, max_pixels)
+    else:
+        a = np.asarray(item)
+        if a.dtype != np.uint8 or a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[2] not in (1, 3, 4)):
+            raise ValueError(f"expected a uint8 array (H, W[, 1|3|4]), got {a.dtype} {a.shape}")
+        im = Image.fromarray(a[..., 0] if a.ndim == 3 and a.shape[2] == 1 else a).convert("RGB")
+    im = im.copy()
+    # Upscale tiny images (28 px synthetic sets) as well: NEAREST keeps their pixels visible.
+    scale = thumb / max(im.size)
+    size = (max(1, round(im.size[0] * scale)), max(1, round(im.size[1] * scale)))
+    return im.resize(size, Image.Resampling.NEAREST if scale > 1 else Image.Resampling.BICUBIC)
+
+
+def _failed_tile(thumb: int):
+    from PIL import Image, ImageDraw
+
+    tile = Image.new("RGB", (thumb, thumb), _FAILED_TILE)
+    draw = ImageDraw.Draw(tile)
+    w = max(1, thumb // 24)
+    draw.line((0, 0, thumb - 1, thumb - 1), fill=_MARKER, width=w)
+    draw.line((0, thumb - 1, thumb - 1, 0), fill=_MARKER, width=w)
+    return tile
+
+
+def _wrap(title: str, width_px: int, text_width) -> list[str]:
+    """Split the title into lines no wider than width_px (measured with `text_width`), at spaces
+    where possible; a word wider than a line is cut."""
+    lines: list[str] = []
+    for para in title.splitlines() or [""]:
+        line = ""
+        for word in para.split(" "):
+            cand = f"{line} {word}" if line else word
+            if text_width(cand) <= width_px:
+                line = cand
+                continue
+            if line:
+                lines.append(line)
+            line = word
+            while len(line) > 1 and text_width(line) > width_px:
+                cut = len(line) - 1
+                while cut > 1 and text_width(line[:cut]) > width_px:
+                    cut -= 1
+                lines.append(line[:cut])
+                line = line[cut:]
+        lines.append(line)
+    return lines
+
+
+def write_contact_sheet(
+    images: Sequence[Any],
+    path: str | os.PathLike,
+    title: str = "",
+    thumb: int = 96,
+    cols: int = 8,
+    max_pixels: int | None = None,
+) -> ContactSheet:
+    """Write a PNG grid of thumbnails with a title band above it, atomically.
+
+    Args:
+        images: file paths, PIL images, uint8 arrays or encoded image bytes, in grid order
+            (row-major). May be empty (a sheet with the title only).
+        path: the PNG to write (parent directories are created).
+        title: text above the grid, wrapped to the sheet width.
+        thumb: each tile is thumb x thumb pixels; images are scaled to fit, aspect kept, centred.
+        cols: tiles per row (fewer when there are fewer images).
+        max_pixels: refuse images with more pixels than this (default: vlctl's decompression-bomb
+            limit, PIL's).
+
+    Returns:
+        ContactSheet(path, n_images, size, unreadable) with unreadable = [(position, reason)].
+    """
+    from PIL import Image, ImageDraw, ImageFont
+
+    from vlctl.index.extract import DEFAULT_MAX_PIXELS
+
+    if not isinstance(thumb, int) or thumb < 8:
+        raise VlctlError(f"contact sheet: thumb must be an integer >= 8 pixels, got {thumb!r}")
+    if not isinstance(cols, int) or cols < 1:
+        raise VlctlError(f"contact sheet: cols must be a positive integer, got {cols!r}")
+    images = list(images)
+    n_cols = max(1, min(cols, len(images)))
+    n_rows = -(-len(images) // n_cols)
+    width = n_cols * thumb + (n_cols + 1) * _PAD
+    font = ImageFont.load_default()
+    lines = _wrap(title, width - 2 * _PAD - 2, font.getlength) if title else []
+    top = len(lines) * _TITLE_H + (_PAD if lines else 0)
+    height = top + n_rows * thumb + (n_rows + 1) * _PAD
+    sheet = Image.new("RGB", (width, height), _BACKGROUND)
+    draw = ImageDraw.Draw(sheet)
+    for i, line in enumerate(lines):
+        draw.text((_PAD + 1, _PAD + i * _TITLE_H + 3), line, fill=(0, 0, 0), font=font)
+    unreadable: list[tuple[int, str]] = []
+    for i, item in enumerate(images):
+        try:
+            tile = _thumbnail(item, thumb, max_pixels or DEFAULT_MAX_PIXELS)
+        except Exception as e:  # noqa: BLE001 -- any unreadable image is a marked tile, never a crash
+            unreadable.append((i, str(e) or type(e).__name__))
+            tile = _failed_tile(thumb)
+        r, c = divmod(i, n_cols)
+        x0 = _PAD + c * (thumb + _PAD) + (thumb - tile.size[0]) // 2
+        y0 = top + _PAD + r * (thumb + _PAD) + (thumb - tile.size[1]) // 2
+        sheet.paste(tile, (x0, y0))
+    buf = io.BytesIO()
+    sheet.save(buf, format="PNG", optimize=False)
+    out = atomic_write_bytes(path, buf.getvalue())
+    return ContactSheet(Path(out), len(images), (width, height), unreadable)

@@ -1,0 +1,264 @@
+"""LoRA (TinyCLIP ours; OpenCLIP / HF CLIP via peft), the 3VL losses, tree tensors, the tuner."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vlctl.encoders import tiny_clip
+from vlctl.io import VlctlError
+from vlctl.methods.tree_tune import (
+    LoRALinear,
+    TreeTuner,
+    add_lora,
+    add_lora_peft,
+    base_fingerprint,
+    load_adapters,
+    lora_parameters,
+    merge_lora,
+    negclip_loss,
+    save_adapters,
+    tree_loss,
+    tree_tensors,
+)
+
+VOCAB = ("a", "red", "blue", "circle", "square", "left", "right", "of", "and")
+
+
+def _tiny(seed=0):
+    return tiny_clip.create_model(tiny_clip.TinyCLIPConfig(
+        name="t", image_size=16, patch_size=4, vision_width=32, vision_layers=2, vision_heads=2,
+        text_width=32, text_layers=2, text_heads=2, context_length=12, vocab=VOCAB, embed_dim=16), seed=seed)
+
+
+def _batch(n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, 16, 16, generator=g)
+    texts = ["a red circle", "a blue square", "a red square left of a blue circle", "a blue circle"][:n]
+    return x, texts
+
+
+def _check_grads(model, loss_of, params: dict):
+    """Step 1: every B gets a non-zero gradient (A's is zero: B = 0); after an optimizer step,
+    every A gets a non-zero gradient too. Frozen weights get none."""
+    opt = torch.optim.SGD(list(params.values()), lr=1.0)
+    loss_of(model).backward()
+    for name, p in params.items():
+        assert p.grad is not None, name
+        if "lora_B" in name:
+            assert p.grad.abs().sum() > 0, name
+    opt.step()
+    opt.zero_grad()
+    loss_of(model).backward()
+    for name, p in params.items():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    for name, p in model.named_parameters():
+        if "lora_" not in name:
+            assert not p.requires_grad and p.grad is None, name
+
+
+def test_lora_linear_exact_at_init_and_scaling():
+    torch.manual_seed(0)
+    base = torch.nn.Linear(5, 3)
+    lora = LoRALinear(base, rank=2, alpha=4.0)
+    x = torch.randn(7, 5)
+    assert torch.equal(lora(x), base(x))
+    assert not base.weight.requires_grad and lora.lora_A.requires_grad
+    with torch.no_grad():
+        lora.lora_B.normal_()
+    want = base(x) + 2.0 * x @ (lora.lora_B @ lora.lora_A).t()
+    torch.testing.assert_close(lora(x), want)
+    torch.testing.assert_close(lora.merged()(x), want)
+
+
+def test_tinyclip_lora_exact_at_init_targets_and_grads():
+    model = _tiny()
+    x, texts = _batch()
+    with torch.no_grad():
+        before = model(x, texts)
+    add_lora(model, rank=2)
+    wrapped = [n for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+    # qkv, proj, mlp.0, mlp.2 in each of 2 vision + 2 text blocks
+    assert len(wrapped) == 16 and any(n.startswith("visual.") for n in wrapped) and any(n.startswith("text.") for n in wrapped)
+    with torch.no_grad():
+        after = model(x, texts)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    params = lora_parameters(model)
+    assert len(params) == 32
+
+    def loss_of(m):
+        img, txt, s = m(x, texts)
+        return tiny_clip.clip_loss(img, txt, s)
+
+    _check_grads(model, loss_of, params)
+
+
+def _open_clip_model():
+    from open_clip.model import CLIP
+
+    torch.manual_seed(0)
+    return CLIP(embed_dim=16, vision_cfg=dict(image_size=32, layers=2, width=32, head_width=16, patch_size=8),
+                text_cfg=dict(context_length=8, vocab_size=100, width=32, heads=2, layers=2))
+
+
+def test_open_clip_peft_lora_grads_and_exact_init():
+    model = _open_clip_model()
+    g = torch.Generator().manual_seed(1)
+    x, t = torch.randn(3, 3, 32, 32, generator=g), torch.randint(1, 100, (3, 8), generator=g)
+    with torch.no_grad():
+        before = model(x, t)
+    fp = base_fingerprint(model)
+    pm = add_lora_peft(model, "open_clip", rank=2)
+    assert base_fingerprint(pm) == fp
+    with torch.no_grad():
+        after = pm(x, t)
+    params = lora_parameters(pm)
+    # B = 0 makes every adapter's update exactly zero; peft runs nn.MultiheadAttention through its
+    # functional path (not the fused one), so outputs agree to float rounding rather than bitwise.
+    assert all(torch.count_nonzero(p) == 0 for n, p in params.items() if "lora_B" in n)
+    torch.testing.assert_close(before[0], after[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(before[1], after[1], rtol=0, atol=1e-5)
+    # attention modules themselves (in_proj + inner out_proj) and both MLP linears, 2 + 2 blocks
+    assert any(".attn.lora_A" in n for n in params) and any("out_proj.lora_B" in n for n in params)
+
+    def loss_of(m):
+        img, txt, s = m(x, t)[:3]
+        return tiny_clip.clip_loss(F.normalize(img, dim=-1), F.normalize(txt, dim=-1), s)
+
+    _check_grads(pm, loss_of, params)
+
+
+def test_hf_clip_peft_lora_grads_and_exact_init():
+    from transformers import CLIPConfig, CLIPModel
+
+    torch.manual_seed(0)
+    text = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                max_position_embeddings=8, eos_token_id=2, bos_token_id=1, pad_token_id=0)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                  patch_size=8)
+    model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 3, 32, 32, generator=g)
+    ids = torch.randint(3, 100, (3, 8), generator=g)
+    ids[:, -1] = 2
+    with torch.no_grad():
+        before = model(input_ids=ids, pixel_values=x).logits_per_image
+    pm = add_lora_peft(model, "hf", rank=1)
+    with torch.no_grad():
+        assert torch.equal(before, pm(input_ids=ids, pixel_values=x).logits_per_image)
+    params = lora_parameters(pm)
+    assert len(params) == 2 * 6 * 4  # A, B x (q, k, v, out, fc1, fc2) x 4 layers
+
+    def loss_of(m):
+        logits = m(input_ids=ids, pixel_values=x).logits_per_image
+        return F.cross_entropy(logits, torch.arange(3))
+
+    _check_grads(pm, loss_of, params)
+
+
+def test_adapters_save_load_merge_and_refuse_other_base(tmp_path):
+    model = _tiny()
+    x, texts = _batch()
+    add_lora(model, rank=1, alpha=2.0)
+    with torch.no_grad():
+        for p in lora_parameters(model).values():
+            p.normal_()
+        want = model(x, texts)
+    save_adapters(model, tmp_path / "ad", base_id="tinyclip-t@x")
+    names = set(__import__("safetensors.torch", fromlist=["load_file"]).load_file(str(tmp_path / "ad" / "adapters.safetensors")))
+    assert names == set(lora_parameters(model))  # only the adapter weights are saved
+    again = load_adapters(_tiny(), tmp_path / "ad")
+    with torch.no_grad():
+        got = again(x, texts)
+        merged = merge_lora(model)(x, texts)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(want, merged))
+    with pytest.raises(VlctlError, match="refusing"):
+        load_adapters(_tiny(seed=1), tmp_path / "ad")
+
+
+def test_tree_loss_matches_hand_computation_sum_and_mean():
+    img = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    c, s_ = math.cos(0.5), math.sin(0.5)
+    # sample 0: level 0 {P=(1,0), N=(0,1)}, level 1 {P=(c,s), N1=(0,1), N2=(-1,0)}
+    # sample 1: level 0 {P=(0,1), N=(1,0)}, level 1 has no negative (ignored)
+    emb = torch.zeros(2, 2, 3, 2)
+    mask = torch.zeros(2, 2, 3, dtype=torch.bool)
+    emb[0, 0, 0], emb[0, 0, 1] = torch.tensor([1.0, 0]), torch.tensor([0, 1.0])
+    mask[0, 0, :2] = True
+    emb[0, 1, 0], emb[0, 1, 1], emb[0, 1, 2] = torch.tensor([c, s_]), torch.tensor([0, 1.0]), torch.tensor([-1.0, 0])
+    mask[0, 1, :] = True
+    emb[1, 0, 0], emb[1, 0, 1] = torch.tensor([0, 1.0]), torch.tensor([1.0, 0])
+    mask[1, 0, :2] = True
+    emb[1, 1, 0] = torch.tensor([0, 1.0])
+    mask[1, 1, 0] = True
+    scale = 2.0
+    ce00 = -math.log(math.exp(2) / (math.exp(2) + math.exp(0)))
+    ce01 = -math.log(math.exp(2 * c) / (math.exp(2 * c) + math.exp(0) + math.exp(-2)))
+    ce10 = ce00
+    want_sum = ((ce00 + ce01) + ce10) / 2
+    want_mean = ((ce00 + ce01) / 2 + ce10) / 2
+    assert float(tree_loss(img, emb, mask, scale, "sum")) == pytest.approx(want_sum, rel=1e-6)
+    assert float(tree_loss(img, emb, mask, scale, "mean")) == pytest.approx(want_mean, rel=1e-6)
+    with pytest.raises(VlctlError):
+        tree_loss(img, emb, mask, scale, "max")
+
+
+def test_negclip_loss_reference_and_mask():
+    g = torch.Generator().manual_seed(0)
+    img, txt, neg = (F.normalize(torch.randn(3, 4, generator=g), dim=-1) for _ in range(3))
+    mask = torch.tensor([True, False, True])
+    got = negclip_loss(img, txt, neg, mask, 5.0)
+    assert got.shape == ()
+    logits = 5.0 * img @ torch.cat([txt, neg[[0, 2]]]).t()  # (3, 5): the masked column is gone
+    want = 0.5 * (F.cross_entropy(logits, torch.arange(3)) + F.cross_entropy(5.0 * txt @ img.t(), torch.arange(3)))
+    torch.testing.assert_close(got, want)
+
+
+def test_tree_tensors_padding_and_subsampling():
+    model = _tiny()
+    trees = [
+        [{"positive": "a red circle", "negatives": ["a blue circle", "a red square"]},
+         {"positive": "a red circle left of a blue square", "negatives": ["a red circle right of a blue square"]}],
+        [{"positive": "a blue square", "negatives": ["a red square", "a blue circle", "a red circle"]}],
+    ]
+    tok, mask = tree_tensors(trees, model.tokenize, max_levels=8, max_negatives=2)
+    assert tok.shape == (2, 2, 3, 12) and mask.shape == (2, 2, 3)
+    assert mask[0].tolist() == [[True, True, True], [True, True, False]]
+    assert mask[1].tolist() == [[True, True, True], [False, False, False]]
+    assert torch.equal(tok[0, 1, 0], model.tokenize(["a red circle left of a blue square"])[0])
+    tok1, mask1 = tree_tensors(trees, model.tokenize, max_levels=1, max_negatives=8)
+    assert tok1.shape[1] == 1 and torch.equal(tok1[0, 0, 0], model.tokenize(["a red circle left of a blue square"])[0])
+
+
+@pytest.mark.parametrize("mode", ["contrastive", "negclip", "tree"])
+def test_tree_tuner_smoke_few_steps(tmp_path, mode):
+    """A few real optimizer steps: only adapters change, the loss is finite, save round-trips."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 255, (8, 16, 16, 3), dtype=np.uint8)
+    caps = ["a red circle left of a blue square", "a blue square", "a red square", "a blue circle"] * 2
+    trees = [[{"positive": c, "negatives": [c.replace("red", "blue") if "red" in c else c.replace("blue", "red")]}]
+             for c in caps]
+    negs = [t[0]["negatives"][0] for t in trees]
+    negs[1] = None
+    model = _tiny()
+    frozen = {k: v.clone() for k, v in model.state_dict().items()}
+    tuner = TreeTuner(mode=mode, epochs=2, batch_size=4, lr=1e-2, warmup_steps=0, rank=2)
+    tuner.fit(model, images, caps, tmp_path / "run", trees=trees, negatives=negs)
+    assert tuner.result_.steps == 4 and math.isfinite(tuner.result_.final_loss)
+    state = tuner.model_.state_dict()
+    for k, v in frozen.items():
+        head, _, leaf = k.rpartition(".")
+        k2 = k if k in state else f"{head}.base.{leaf}"  # a wrapped linear's frozen weight
+        assert torch.equal(state[k2], v), k
+    assert any(p.abs().sum() > 0 for n, p in lora_parameters(tuner.model_).items() if "lora_B" in n)
+    tuner.save(tmp_path / "out")
+    loaded = tiny_clip.load_pretrained(tmp_path / "out" / "model")
+    x, texts = _batch()
+    with torch.no_grad():
+        a, b = tuner.model_(x, texts), loaded(x, texts)
+    assert all(torch.allclose(u, v, atol=1e-5) for u, v in zip(a, b))
