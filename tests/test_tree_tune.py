@@ -262,3 +262,36 @@ def test_tree_tuner_smoke_few_steps(tmp_path, mode):
     with torch.no_grad():
         a, b = tuner.model_(x, texts), loaded(x, texts)
     assert all(torch.allclose(u, v, atol=1e-5) for u, v in zip(a, b))
+
+
+def test_cli_fit_tree_writes_adapters_and_merged_model(tmp_path, capsys):
+    import json
+
+    from vlctl.cli import main
+    from vlctl.data.scenes import ScenesConfig, generate_scenes
+
+    data = generate_scenes(ScenesConfig(n=16, split="finetune", workers=1), tmp_path / "ft")
+    base = tiny_clip.create_model("scenes-quick", seed=0, vision_layers=1, text_layers=1)
+    tiny_clip.save_pretrained(base, tmp_path / "base")
+    assert main(["fit", "tree", "--encoder", str(tmp_path / "base"), "--data", str(data), "--out", str(tmp_path / "o"),
+                 "--mode", "contrastive", "--epochs", "1", "--batch-size", "8", "--warmup-steps", "0", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["steps"] == 2 and res["base_encoder_id"] == tiny_clip.encoder_id(base)
+    doc = json.loads((tmp_path / "o" / "adapters" / "adapter.json").read_text())
+    assert doc["base_encoder_id"] == res["base_encoder_id"] and doc["tree_tune"]["mode"] == "contrastive"
+    again = load_adapters(tiny_clip.load_pretrained(tmp_path / "base"), tmp_path / "o" / "adapters")
+    merged = tiny_clip.load_pretrained(tmp_path / "o" / "model")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(again.encode_image(x), merged.encode_image(x), atol=1e-5, rtol=0)
+
+
+def test_trim_padding_is_exact_for_the_causal_text_tower():
+    from vlctl.methods.tree_tune import trim_padding
+
+    model = _tiny().eval()
+    tok = model.tokenize(["a red circle", "a blue square left of a red circle"])
+    short = trim_padding(tok)
+    assert short.shape == (2, 9) and tok.shape[1] == 12
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode_text(short), model.encode_text(tok), atol=1e-6, rtol=0)

@@ -333,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_eval(sub, add)  # vlctl eval retrieval
     __import__("vlctl.methods.relevancy", fromlist=["register"]).register(sub, add)  # vlctl explain
-    __import__("vlctl.data.scenes", fromlist=["register"]).register(data_sub, add)  # vlctl data scenes
+    __import__("vlctl.methods.tree_tune", fromlist=["register"]).register(data_sub, fit_sub, add)  # data scenes, fit tree
     return parser
 
 

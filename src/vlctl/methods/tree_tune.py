@@ -315,9 +315,19 @@ class TreeTuneConfig:
             raise VlctlError(f"TreeTuneConfig.alpha: must be in [0, 1], got {self.alpha}")
 
 
+def trim_padding(tokens: torch.Tensor) -> torch.Tensor:
+    """Token rows (m, C) cut after the last non-pad column. Exact for the causal word-level text
+    tower (its feature is read at <end>, which attends only to earlier positions) and much
+    cheaper when the context is sized for long texts (Anchor's "AP or AN") but captions are short."""
+    from vlctl.encoders.tokenizer import PAD_ID
+
+    n = int((tokens != PAD_ID).sum(dim=1).max()) if tokens.numel() else tokens.shape[1]
+    return tokens[:, : max(n, 1)]
+
+
 def _encode_unique(model, tokens: torch.Tensor) -> torch.Tensor:
     """Text embeddings (unit norm) of token rows (m, C), each distinct row encoded once."""
-    uniq, inverse = torch.unique(tokens, dim=0, return_inverse=True)
+    uniq, inverse = torch.unique(trim_padding(tokens), dim=0, return_inverse=True)
     return model.encode_text(uniq, normalize=True)[inverse]
 
 
@@ -369,13 +379,13 @@ class TreeTuner:
 
         def loss_fn(m, b):
             img = m.encode_image(b["x"], normalize=True)
-            txt = m.encode_text(b["pos"], normalize=True)
+            txt = m.encode_text(trim_padding(b["pos"]), normalize=True)
             scale = m.scale()
             contrast = contrastive_loss(img, txt, scale)
             if cfg.mode == "contrastive":
                 return contrast
             if cfg.mode == "negclip":
-                neg = m.encode_text(b["neg_tokens"], normalize=True)
+                neg = m.encode_text(trim_padding(b["neg_tokens"]), normalize=True)
                 return negclip_loss(img, txt, neg, b["neg_mask"], scale)
             tok, mask = b["tree_tokens"], b["tree_mask"]
             emb = torch.zeros(*mask.shape, img.shape[1], dtype=img.dtype, device=img.device)
@@ -420,7 +430,7 @@ def pretrain_clip(images: np.ndarray, captions: Sequence[str], model_config, out
     tokens = model.tokenize(list(captions))
 
     def make_batch(idx: np.ndarray, epoch: int):
-        return tiny_clip.preprocess_batch(np.asarray(images[idx])), tokens[torch.as_tensor(idx)]
+        return tiny_clip.preprocess_batch(np.asarray(images[idx])), trim_padding(tokens[torch.as_tensor(idx)])
 
     def loss_fn(m, b):
         img, txt, scale = m(*b)
@@ -438,3 +448,48 @@ def pretrain_clip(images: np.ndarray, captions: Sequence[str], model_config, out
     model.eval()
     tiny_clip.save_pretrained(model, Path(out_dir) / "model")
     return model
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+
+def _cmd_fit_tree(args) -> dict:
+    from vlctl.config import config_from_args
+    from vlctl.data.scenes import SCENE_OPPOSITES, load_scenes, vocabulary
+    from vlctl.encoders import tiny_clip
+    from vlctl.methods.trees import TreeGenerator
+
+    cfg = config_from_args(TreeTuneConfig, args)
+    data = load_scenes(args.data)
+    captions = [lab["caption"] for lab in data["labels"]]
+    model = tiny_clip.load_pretrained(args.encoder)
+    trees = negatives = None
+    if cfg.mode != "contrastive":
+        gen = TreeGenerator(seed=cfg.seed, opposites=SCENE_OPPOSITES, vocabulary=set(vocabulary()))
+        uniq = sorted(set(captions))
+        if cfg.mode == "tree":
+            by = dict(zip(uniq, gen.trees(uniq)))
+            trees = [by[c] for c in captions]
+        else:
+            by = {c: gen.random_negative(c) for c in uniq}
+            negatives = [None if by[c] is None else by[c][0] for c in captions]
+    tuner = TreeTuner(**config_to_dict(cfg)).fit(model, data["images"], captions, Path(args.out) / "run",
+                                                 trees=trees, negatives=negatives, resume=args.resume)
+    tuner.save(args.out)
+    return {"out": str(args.out), "mode": cfg.mode, "steps": tuner.result_.steps, "final_loss": tuner.result_.final_loss,
+            "base_encoder_id": tuner.base_id_}
+
+
+def register(data_sub, fit_sub, add) -> None:
+    """`vlctl data scenes` and `vlctl fit tree` (LoRA fine-tuning of a TinyCLIP on a scenes split)."""
+    from vlctl.config import add_config_args
+    from vlctl.data.scenes import register as register_scenes
+
+    register_scenes(data_sub, add)
+    p = add(fit_sub, "tree", "LoRA fine-tuning of a TinyCLIP with the 3VL tree loss (or contrastive / negclip)",
+            _cmd_fit_tree)
+    p.add_argument("--encoder", required=True, help="base TinyCLIP model directory (save_pretrained)")
+    p.add_argument("--data", required=True, help="scenes directory (vlctl data scenes), e.g. the finetune split")
+    p.add_argument("--out", required=True, help="output: adapters/ (adapter weights only) and model/ (merged TinyCLIP)")
+    p.add_argument("--resume", action="store_true", help="continue OUT/run/checkpoint (config must match)")
+    add_config_args(p, TreeTuneConfig)

@@ -8,7 +8,8 @@ Tree of a caption (Yellinek et al., "3VL", §III-A), coarse to fine:
              the caption from its start to the end of NP_k     "several people standing in a green field"
     last     the full caption, verbatim                        "several people standing ... flying kites"
 
-Identical consecutive levels are kept once. Noun phrases are spaCy noun chunks, less bare
+Consecutive levels with the same words (identical, or differing only in punctuation and spaces,
+as "a man on a bike" and the caption "a man on a bike.") are kept once, the later one. Noun phrases are spaCy noun chunks, less bare
 pronouns ("it", "that"). A caption without noun phrase is a one-level tree (the caption); with
 one it is [NP1, caption]. (The paper's worked example lists 4 levels for its caption and skips
 "... and kites"; its general rule, which we follow, gives that 5th level.)
@@ -137,6 +138,7 @@ _IRREGULAR_PAST = {"sit": "sat", "stand": "stood", "run": "ran", "eat": "ate", "
 # Forms of "be" that spaCy tags VERB ("there is a dog"): no visual content to negate.
 _COPULA = frozenset({"be", "is", "are", "was", "were", "been", "being", "am"})
 _WORD = re.compile(r"^[a-z]+$")
+_ALNUM = re.compile(r"\w+")
 _LETTERS = re.compile(r"[^\W\d_]+")
 _VOWELS = re.compile(r"[aeiou]+")
 
@@ -309,6 +311,8 @@ class TreeCache:
         self.path = Path(path)
         self._entries: dict[str, tuple[str, list]] = {}
         self.skipped_lines = 0
+        if self.path.exists() and not self.path.is_file():
+            raise VlctlError(f"{self.path}: tree cache must be a JSONL file, not a directory")
         if self.path.exists():
             self._read()
 
@@ -337,7 +341,7 @@ class TreeCache:
     def put(self, key: str, caption: str, tree: list) -> None:
         line = (json.dumps({"key": key, "caption": caption, "tree": tree}, ensure_ascii=False) + "\n").encode("utf-8")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -394,7 +398,7 @@ class TreeGenerator:
             if bad:
                 raise VlctlError(f"opposites: entry {word!r} has non-word(s) {bad}; a negative replaces one word "
                                  "by one word (lowercase letters only)")
-            # the domain entry first, curated candidates after: the stage still picks among all
+            # a domain entry replaces the curated one for that word (its words are the domain's)
             self.table_[word.lower()] = tuple(dict.fromkeys([r.lower() for r in repl]))
         self.vocab_ = None if self.vocabulary is None else frozenset(w.lower() for w in self.vocabulary)
         self.wn_ = wnmod.load_wordnet(self.wordnet_dir) if self.use_wordnet else None
@@ -407,6 +411,8 @@ class TreeGenerator:
             "wordnet": None if self.wn_ is None else self.wn_.get_version(),
             "pos": list(self.pos_),
             "spacy": _nlp_id(),
+            "tables": hashlib.sha256(json.dumps([sorted(OPPOSITES.items()), sorted(CLOSED_CLASS.items())])
+                                     .encode()).hexdigest()[:16],
         }
         self.fingerprint_ = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
         self.cache_ = TreeCache(self.cache_path) if self.cache_path is not None else None
@@ -491,7 +497,10 @@ class TreeGenerator:
         lead = len(caption) - len(caption.lstrip())
         pieces_per_level = self._levels(doc, caption, lead)
         texts = [" and ".join(caption[a:b] for a, b in pieces) for pieces in pieces_per_level]
-        keep = [k for k in range(len(texts)) if k == 0 or texts[k] != texts[k - 1]]
+        # Consecutive levels with the same words ("a cat on a mat" then "a cat on a mat.") are one
+        # level; the later one is kept, so the last level is always the caption itself.
+        words = [_ALNUM.findall(t) for t in texts]
+        keep = [k for k in range(len(texts)) if k == len(texts) - 1 or words[k] != words[k + 1]]
         pieces_per_level = [pieces_per_level[k] for k in keep]
         texts = [texts[k] for k in keep]
         positives = set(texts)
@@ -508,10 +517,11 @@ class TreeGenerator:
                     if tok.pos_ not in self.pos_ or not tok.is_alpha or tok.lower_ in _COPULA:
                         continue
 
-                    def render(word: str, p=p, s=s, n=len(tok.text)) -> str:
+                    n = len(tok.text)
+
+                    def render(word: str, pieces=pieces, p=p, s=s, n=n) -> str:
                         parts = [caption[x:y] for x, y in pieces]
-                        x0 = pieces[p][0]
-                        parts[p] = caption[x0:s] + word + caption[s + n:pieces[p][1]]
+                        parts[p] = caption[pieces[p][0]:s] + word + caption[s + n:pieces[p][1]]
                         return " and ".join(parts)
 
                     got = self._replace(doc, tok.i, caption, seed, render, positives)
@@ -727,7 +737,13 @@ def anchor_text(positive: str, negative: str) -> str:
     def span(doc, toks) -> str:
         chunks = _chunk_index(doc)
         spans = [_phrase(t, chunks) for t in toks]
-        return doc[min(s for s, _ in spans):max(e for _, e in spans)].text
+        s, e = min(s for s, _ in spans), max(e for _, e in spans)
+        # whole written words: "theres" is parsed "there" + "s", "There's" "There" + "'s"
+        while s > 0 and not doc[s - 1].whitespace_ and not doc[s - 1].is_punct:
+            s -= 1
+        while e < len(doc) and not doc[e - 1].whitespace_ and not doc[e].is_punct:
+            e += 1
+        return doc[s:e].text
 
     return f"{span(p_doc, dp or p_at)} or {span(n_doc, dn or n_at)}"
 

@@ -31,13 +31,14 @@ ENV_VAR = "VLCTL_WORDNET_DIR"
 
 # WordNet 3.0 lexicographer files, in file-number order ("NN\tname\tsyntactic category").
 _LEXNAMES = (
-    "adj.all adj.pert adv.all noun.Tops noun.act noun.animal noun.artifact noun.attribute noun.body "
-    "noun.cognition noun.communication noun.event noun.feeling noun.food noun.group noun.location "
-    "noun.motive noun.object noun.person noun.phenomenon noun.plant noun.possession noun.process "
-    "noun.quantity noun.relation noun.shape noun.state noun.substance noun.time verb.body verb.change "
-    "verb.cognition verb.communication verb.competition verb.consumption verb.contact verb.creation "
-    "verb.emotion verb.motion verb.perception verb.possession verb.social verb.stative verb.weather adj.ppl"
-).split()
+    "adj.all", "adj.pert", "adv.all", "noun.Tops", "noun.act", "noun.animal", "noun.artifact", "noun.attribute",
+    "noun.body", "noun.cognition", "noun.communication", "noun.event", "noun.feeling", "noun.food", "noun.group",
+    "noun.location", "noun.motive", "noun.object", "noun.person", "noun.phenomenon", "noun.plant", "noun.possession",
+    "noun.process", "noun.quantity", "noun.relation", "noun.shape", "noun.state", "noun.substance", "noun.time",
+    "verb.body", "verb.change", "verb.cognition", "verb.communication", "verb.competition", "verb.consumption",
+    "verb.contact", "verb.creation", "verb.emotion", "verb.motion", "verb.perception", "verb.possession",
+    "verb.social", "verb.stative", "verb.weather", "adj.ppl",
+)
 _LEX_CATEGORY = {"adj": 3, "adv": 4, "noun": 1, "verb": 2}
 LEXNAMES_TEXT = "".join(f"{i:02d}\t{n}\t{_LEX_CATEGORY[n.split('.')[0]]}\n" for i, n in enumerate(_LEXNAMES))
 
@@ -168,7 +169,8 @@ def antonyms(wn, base: str, pos: str) -> list[str]:
 
 
 def co_hyponyms(wn, base: str, pos: str) -> list[str]:
-    """Sisters of the first sense of `base`: the other hyponyms of its first hypernym, one name
+    """Sisters of the first sense of `base`: the other hyponyms of its first hypernym (by name,
+    for determinism: NLTK's order is not stable across processes), one name
     each (the first plain single-word lemma), keeping only those with a SemCor count > 0 when
     there are any. Sorted.
 
@@ -183,7 +185,7 @@ def co_hyponyms(wn, base: str, pos: str) -> list[str]:
         return []
     first, hypers = None, []
     for s in wn.synsets(base, p)[:3]:
-        hypers = s.hypernyms() or s.instance_hypernyms()
+        hypers = _hypernyms(s)
         if hypers:
             first = s
             break
@@ -191,13 +193,19 @@ def co_hyponyms(wn, base: str, pos: str) -> list[str]:
         return []
     names = _sisters(wn, first, hypers[0], base)
     if not names:
-        grand = hypers[0].hypernyms() or hypers[0].instance_hypernyms()
+        grand = _hypernyms(hypers[0])
         if grand:
             names = _sisters(wn, hypers[0], grand[0], base)
     # Sisters seen in the sense-tagged corpus (SemCor counts) are the everyday words; the rest
     # are mostly obscure ("kite" -> "giro"), which make easy negatives. Use them only if needed.
     common = [n for n, c in names.items() if c > 0]
     return sorted(common or names)
+
+
+def _hypernyms(synset) -> list:
+    # NLTK keeps a synset's pointers in a set, so the order of hypernyms() changes with Python's
+    # per-process string hashing; sorting by name makes "the first hypernym" the same everywhere.
+    return sorted(synset.hypernyms() or synset.instance_hypernyms(), key=lambda h: h.name())
 
 
 def _sisters(wn, synset, parent, base: str) -> dict[str, int]:

@@ -59,7 +59,7 @@ class ThreeVLScenesRecipe:
     model: str = opt("scenes-quick", "TinyCLIP config name (word-level text tower over the scenes vocabulary)")
     base_epochs: int = opt(8, "base pre-training epochs")
     base_batch_size: int = opt(128, "base pre-training batch size")
-    base_lr: float = opt(2e-3, "base pre-training peak lr")
+    base_lr: float = opt(1e-3, "base pre-training peak lr (2e-3 sometimes never leaves the initial plateau)")
     temperature_lr: float = opt(1e-2, "base pre-training temperature lr")
     base_warmup_steps: int = opt(50, "base pre-training warmup steps")
     ft_epochs: int = opt(4, "fine-tuning epochs (same for every mode)")
@@ -294,7 +294,7 @@ def _expansions(cfg, enc, x_all, items, arrays, name) -> list[dict]:
         wn = wnmod.load_wordnet()
     except Exception:  # noqa: BLE001 - WordNet is optional for the expansion
         wn = None
-    scale = float(enc.model.scale())
+    scale = float(enc.model.scale().detach())
     out = []
     per_category = -(-cfg.n_expansion // len(CHECKLIST_CATEGORIES))
     for c in CHECKLIST_CATEGORIES:
