@@ -101,8 +101,8 @@ def _open_clip_model():
     from open_clip.model import CLIP
 
     torch.manual_seed(0)
-    return CLIP(embed_dim=16, vision_cfg=dict(image_size=32, layers=2, width=32, head_width=16, patch_size=8),
-                text_cfg=dict(context_length=8, vocab_size=100, width=32, heads=2, layers=2))
+    return CLIP(embed_dim=16, vision_cfg={"image_size": 32, "layers": 2, "width": 32, "head_width": 16, "patch_size": 8},
+                text_cfg={"context_length": 8, "vocab_size": 100, "width": 32, "heads": 2, "layers": 2})
 
 
 def test_open_clip_peft_lora_grads_and_exact_init():
@@ -136,10 +136,11 @@ def test_hf_clip_peft_lora_grads_and_exact_init():
     from transformers import CLIPConfig, CLIPModel
 
     torch.manual_seed(0)
-    text = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                max_position_embeddings=8, eos_token_id=2, bos_token_id=1, pad_token_id=0)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=32,
-                  patch_size=8)
+    text = {"vocab_size": 100, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "max_position_embeddings": 8, "eos_token_id": 2, "bos_token_id": 1,
+            "pad_token_id": 0}
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "image_size": 32, "patch_size": 8}
     model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, 3, 32, 32, generator=g)
@@ -231,7 +232,7 @@ def test_tree_tensors_padding_and_subsampling():
     assert mask[0].tolist() == [[True, True, True], [True, True, False]]
     assert mask[1].tolist() == [[True, True, True], [False, False, False]]
     assert torch.equal(tok[0, 1, 0], model.tokenize(["a red circle left of a blue square"])[0])
-    tok1, mask1 = tree_tensors(trees, model.tokenize, max_levels=1, max_negatives=8)
+    tok1, _ = tree_tensors(trees, model.tokenize, max_levels=1, max_negatives=8)
     assert tok1.shape[1] == 1 and torch.equal(tok1[0, 0, 0], model.tokenize(["a red circle left of a blue square"])[0])
 
 
@@ -292,6 +293,35 @@ def test_trim_padding_is_exact_for_the_causal_text_tower():
     model = _tiny().eval()
     tok = model.tokenize(["a red circle", "a blue square left of a red circle"])
     short = trim_padding(tok)
-    assert short.shape == (2, 9) and tok.shape[1] == 12
+    assert short.shape == (2, 10) and tok.shape[1] == 12
     with torch.no_grad():
         torch.testing.assert_close(model.encode_text(short), model.encode_text(tok), atol=1e-6, rtol=0)
+
+
+def test_patch_keep_is_seeded_per_batch_and_sample():
+    from vlctl.methods.tree_tune import patch_keep
+
+    idx = np.array([5, 3, 9])
+    assert patch_keep(idx, 0, 0, 64, 0.0) is None
+    keeps = [patch_keep(idx, e, 0, 64, 1.0) for e in range(3)]
+    assert all(k is not None and k.shape[0] == 3 and 19 <= k.shape[1] <= 52 for k in keeps)
+    assert torch.equal(keeps[0], patch_keep(idx, 0, 0, 64, 1.0))  # pure function of (seed, epoch, indices)
+    for row in keeps[0]:
+        assert torch.equal(row, row.sort().values) and len(set(row.tolist())) == len(row)
+    # a sample's subset does not depend on its batch mates (same m)
+    k2 = patch_keep(np.array([5, 1, 2]), 0, 0, 64, 1.0)
+    assert torch.equal(k2[0], keeps[0][0])
+
+
+def test_tree_tuner_visual_only_with_patch_dropout(tmp_path):
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 255, (8, 16, 16, 3), dtype=np.uint8)
+    caps = ["a red circle", "a blue square", "a red square", "a blue circle"] * 2
+    trees = [[{"positive": c, "negatives": [c.replace("blue", "red") if "blue" in c else c.replace("red", "blue")]}]
+             for c in caps]
+    tuner = TreeTuner(mode="tree", epochs=1, batch_size=4, lr=1e-2, warmup_steps=0, towers="visual",
+                      patch_dropout=1.0).fit(_tiny(), images, caps, tmp_path / "r", trees=trees)
+    names = set(lora_parameters(tuner.model_))
+    assert names and all(n.startswith("visual.") for n in names)
+    with pytest.raises(VlctlError, match="towers"):
+        TreeTuner(towers="both_of_them")

@@ -182,9 +182,10 @@ def caption_holds(structure: dict, objects: list[dict], margin: float = 0.0) -> 
     attribute and the relation between the first two (by more than `margin`)."""
     nps = structure["nps"]
     for perm in itertools.permutations(range(len(objects)), len(nps)):
-        if all(all(objects[j][k] == v for k, v in np_.items()) for np_, j in zip(nps, perm)):
-            if structure["rel"] is None or relation_holds(structure["rel"], objects[perm[0]], objects[perm[1]], margin):
-                return True
+        attrs_ok = all(all(objects[j][k] == v for k, v in np_.items()) for np_, j in zip(nps, perm))
+        if attrs_ok and (structure["rel"] is None
+                         or relation_holds(structure["rel"], objects[perm[0]], objects[perm[1]], margin)):
+            return True
     return False
 
 

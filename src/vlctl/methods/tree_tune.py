@@ -50,6 +50,7 @@ OPEN_CLIP_TARGETS = r".*resblocks\.\d+\.(attn|mlp\.c_fc|mlp\.c_proj)$"
 HF_CLIP_TARGETS = r".*layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|out_proj)|mlp\.(fc1|fc2))$"
 ADAPTER_FORMAT = "vlctl.lora/1"
 MODES = ("contrastive", "negclip", "tree")
+TOWERS = ("both", "visual", "text")
 REDUCTIONS = ("sum", "mean")
 
 
@@ -108,6 +109,13 @@ def add_lora(model: nn.Module, rank: int = 1, alpha: float = 1.0,
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, LoRALinear(getattr(parent, child), rank, alpha))
     return model
+
+
+def tower_targets(towers: str) -> tuple[str, ...]:
+    """TINYCLIP_TARGETS restricted to one tower ('visual' / 'text') or both."""
+    if towers == "both":
+        return TINYCLIP_TARGETS
+    return tuple(rf"{towers}\.{p.removeprefix('.*')}" for p in TINYCLIP_TARGETS)
 
 
 def lora_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
@@ -296,6 +304,7 @@ class TreeTuneConfig:
     level_reduction: str = opt("sum", "tree levels aggregated by 'sum' (paper) or 'mean' (authors' code)")
     rank: int = opt(1, "LoRA rank")
     lora_alpha: float = opt(1.0, "LoRA alpha (the update is scaled by alpha / rank)")
+    towers: str = opt("both", "towers that get adapters: 'both', 'visual' or 'text'")
     lr: float = opt(3e-3, "peak learning rate of the adapters")
     weight_decay: float = opt(0.1, "AdamW weight decay on the adapters")
     epochs: int = opt(5, "passes over the fine-tuning set")
@@ -303,6 +312,8 @@ class TreeTuneConfig:
     warmup_steps: int = opt(20, "linear warmup steps")
     max_levels: int = opt(8, "tree levels kept per caption (the finest)")
     max_negatives: int = opt(8, "negatives kept per tree level")
+    patch_dropout: float = opt(0.0, "probability that a batch's images are encoded from a random subset of their "
+                               "patches (see patch_keep)")
     seed: int = opt(0, "seed of adapters' init, data order and negative subsampling")
     threads: int = opt(0, "torch threads (0 = leave as is)")
 
@@ -313,6 +324,10 @@ class TreeTuneConfig:
             raise VlctlError(f"TreeTuneConfig.level_reduction: {self.level_reduction!r} is not one of {list(REDUCTIONS)}")
         if not 0 <= self.alpha <= 1:
             raise VlctlError(f"TreeTuneConfig.alpha: must be in [0, 1], got {self.alpha}")
+        if not 0 <= self.patch_dropout <= 1:
+            raise VlctlError(f"TreeTuneConfig.patch_dropout: must be in [0, 1], got {self.patch_dropout}")
+        if self.towers not in TOWERS:
+            raise VlctlError(f"TreeTuneConfig.towers: {self.towers!r} is not one of {list(TOWERS)}")
 
 
 def trim_padding(tokens: torch.Tensor) -> torch.Tensor:
@@ -323,6 +338,33 @@ def trim_padding(tokens: torch.Tensor) -> torch.Tensor:
 
     n = int((tokens != PAD_ID).sum(dim=1).max()) if tokens.numel() else tokens.shape[1]
     return tokens[:, : max(n, 1)]
+
+
+def patch_keep(idx: np.ndarray, epoch: int, seed: int, n_patches: int, p: float) -> torch.Tensor | None:
+    """FLIP-style patch dropout (Li et al. 2023) for a batch, or None (keep everything).
+
+    With probability p (drawn from (seed, epoch, first index)) the batch keeps a fraction
+    U(0.3, 0.8) of the patches, a random subset per image drawn from sample_rng(seed, epoch, i):
+    a from-scratch tiny ViT otherwise never sees an image with tokens removed and token removal
+    (3VL's Anchor / HilaCAM tests) measures its breakdown rather than the maps.
+    Returns (n, m) sorted patch indices.
+    """
+    from vlctl.train.loop import sample_rng
+
+    if p <= 0:
+        return None
+    rng = np.random.default_rng([seed, epoch, int(idx[0]), 7])
+    if rng.random() >= p:
+        return None
+    m = max(1, round(rng.uniform(0.3, 0.8) * n_patches))
+    rows = [np.sort(sample_rng(seed, epoch, int(i)).permutation(n_patches)[:m]) for i in idx]
+    return torch.from_numpy(np.stack(rows)).long()
+
+
+def _image_embedding(m, x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    if keep is None:
+        return m.encode_image(x, normalize=True)
+    return F.normalize(m.visual.forward_keep(x, keep), dim=-1)
 
 
 def _encode_unique(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -357,7 +399,7 @@ class TreeTuner:
         self.base_id_ = tiny_clip.encoder_id(model)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
-            add_lora(model, cfg.rank, cfg.lora_alpha)
+            add_lora(model, cfg.rank, cfg.lora_alpha, tower_targets(cfg.towers))
         pos_tokens = model.tokenize(list(captions))
         extra: dict = {}
         if cfg.mode == "tree":
@@ -374,11 +416,12 @@ class TreeTuner:
 
         def make_batch(idx: np.ndarray, epoch: int):
             t = torch.as_tensor(idx)
-            batch = {"x": tiny_clip.preprocess_batch(np.asarray(images[idx])), "pos": pos_tokens[t]}
+            batch = {"x": tiny_clip.preprocess_batch(np.asarray(images[idx])), "pos": pos_tokens[t],
+                     "keep": patch_keep(idx, epoch, cfg.seed, model.config.n_patches, cfg.patch_dropout)}
             return {**batch, **{k: v[t] for k, v in extra.items()}}
 
         def loss_fn(m, b):
-            img = m.encode_image(b["x"], normalize=True)
+            img = _image_embedding(m, b["x"], b["keep"])
             txt = m.encode_text(trim_padding(b["pos"]), normalize=True)
             scale = m.scale()
             contrast = contrastive_loss(img, txt, scale)
@@ -420,7 +463,8 @@ class TreeTuner:
 
 def pretrain_clip(images: np.ndarray, captions: Sequence[str], model_config, out_dir: str | Path, *, epochs: int,
                   batch_size: int, lr: float, temperature_lr: float = 1e-2, warmup_steps: int = 50,
-                  weight_decay: float = 0.1, seed: int = 0, threads: int = 0, resume: bool = False):
+                  weight_decay: float = 0.1, seed: int = 0, threads: int = 0, resume: bool = False,
+                  patch_dropout: float = 0.0):
     """Train a TinyCLIP from scratch contrastively on (images, captions) with the one loop;
     saves out_dir/model (TinyCLIP save_pretrained) and returns the model."""
     from vlctl.encoders import tiny_clip
@@ -430,10 +474,12 @@ def pretrain_clip(images: np.ndarray, captions: Sequence[str], model_config, out
     tokens = model.tokenize(list(captions))
 
     def make_batch(idx: np.ndarray, epoch: int):
-        return tiny_clip.preprocess_batch(np.asarray(images[idx])), trim_padding(tokens[torch.as_tensor(idx)])
+        return (tiny_clip.preprocess_batch(np.asarray(images[idx])), trim_padding(tokens[torch.as_tensor(idx)]),
+                patch_keep(idx, epoch, seed, model.config.n_patches, patch_dropout))
 
     def loss_fn(m, b):
-        img, txt, scale = m(*b)
+        img = _image_embedding(m, b[0], b[2])
+        txt, scale = m.encode_text(b[1], normalize=True), m.scale()
         return tiny_clip.clip_loss(img, txt, scale), {"temp": float(1.0 / scale.detach())}
 
     others = nn.ModuleDict({"visual": model.visual, "text": model.text})
@@ -444,7 +490,7 @@ def pretrain_clip(images: np.ndarray, captions: Sequence[str], model_config, out
                       checkpoint_every=200)
     train(model, n_samples=len(captions), make_batch=make_batch, loss_fn=loss_fn, cfg=loop, out_dir=out_dir,
           param_groups=groups, resume=resume, device="cpu",
-          run_config={"model": config_to_dict(model.config), "n": len(captions)})
+          run_config={"model": config_to_dict(model.config), "n": len(captions), "patch_dropout": patch_dropout})
     model.eval()
     tiny_clip.save_pretrained(model, Path(out_dir) / "model")
     return model

@@ -50,7 +50,8 @@ class TeviMadRecipe:
     sae_epochs: int = opt(100, "learned SAE: epochs (paper, MAD: 200)")
     sae_lr: float = opt(1e-2, "SAE learning rate (paper, MAD: 1e-2)")
     sae_batch_size: int = opt(512, "SAE batch size")
-    cg_k: int = opt(8, "CG-SAE: active latents (6 categories; 8 measured best on MAD: 6 loses fracture in the reconstruction, 12 leaks color)")
+    cg_k: int = opt(8, "CG-SAE: active latents (6 categories; on MAD K=6 lost fracture in the reconstruction "
+                    "and K=12 leaked color into not-in-caption edits, measured)")
     cg_epochs: int = opt(30, "CG-SAE: epochs")
     mask_hidden: int = opt(512, "mask MLP hidden width")
     mask_temperature: float = opt(0.2, "mask sigmoid temperature (1 = plain sigmoid)")

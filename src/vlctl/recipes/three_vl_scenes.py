@@ -62,12 +62,15 @@ class ThreeVLScenesRecipe:
     base_lr: float = opt(1e-3, "base pre-training peak lr (2e-3 sometimes never leaves the initial plateau)")
     temperature_lr: float = opt(1e-2, "base pre-training temperature lr")
     base_warmup_steps: int = opt(50, "base pre-training warmup steps")
+    patch_dropout: float = opt(0.5, "probability of a patch-dropout batch in base pre-training and every fine-tuning "
+                               "(FLIP-style; makes the tiny ViT robust to token removal)")
     ft_epochs: int = opt(4, "fine-tuning epochs (same for every mode)")
     ft_batch_size: int = opt(64, "fine-tuning batch size")
     ft_lr: float = opt(5e-3, "LoRA learning rate")
     ft_warmup_steps: int = opt(20, "fine-tuning warmup steps")
     rank: int = opt(4, "LoRA rank")
     lora_alpha: float = opt(4.0, "LoRA alpha")
+    towers: str = opt("both", "towers with LoRA adapters: 'both', 'visual' or 'text'")
     alpha: float = opt(0.5, "3VL weight of L_tree")
     level_reduction: str = opt("sum", "tree levels: 'sum' (paper) or 'mean' (authors' code)")
     max_levels: int = opt(8, "tree levels kept per caption")
@@ -111,7 +114,8 @@ def _base(cfg: ThreeVLScenesRecipe, data_dir: Path, work: Path, resume: bool) ->
     d = load_scenes(data_dir / "train")
     pretrain_clip(d["images"], [lab["caption"] for lab in d["labels"]], cfg.model, work, epochs=cfg.base_epochs,
                   batch_size=cfg.base_batch_size, lr=cfg.base_lr, temperature_lr=cfg.temperature_lr,
-                  warmup_steps=cfg.base_warmup_steps, seed=cfg.seed, threads=cfg.threads, resume=resume)
+                  warmup_steps=cfg.base_warmup_steps, seed=cfg.seed, threads=cfg.threads, resume=resume,
+                  patch_dropout=cfg.patch_dropout)
 
 
 def _trees(cfg: ThreeVLScenesRecipe, data_dir: Path, work: Path) -> None:
@@ -143,7 +147,7 @@ def _finetune(cfg: ThreeVLScenesRecipe, mode: str, base_dir: Path, data_dir: Pat
     tuner = TreeTuner(mode=mode, alpha=cfg.alpha, level_reduction=cfg.level_reduction, rank=cfg.rank,
                       lora_alpha=cfg.lora_alpha, lr=cfg.ft_lr, epochs=cfg.ft_epochs, batch_size=cfg.ft_batch_size,
                       warmup_steps=cfg.ft_warmup_steps, max_levels=cfg.max_levels, max_negatives=cfg.max_negatives,
-                      seed=cfg.seed, threads=cfg.threads)
+                      seed=cfg.seed, threads=cfg.threads, towers=cfg.towers, patch_dropout=cfg.patch_dropout)
     tuner.fit(model, d["images"], [lab["caption"] for lab in d["labels"]], work / "run", trees=t["trees"],
               negatives=t["negatives"])
     tuner.save(work)
@@ -356,7 +360,7 @@ def results_from_eval(eval_dir: Path, data_dir: Path) -> dict:
             rows = np.array([it[key] == v for it in obj])
             object_by[f"{key.split('_')[1]}={v}"] = {m: _accuracy(arr[f"scores_{m}__object"][rows]) for m in MODELS}
     return {"checklist": checklist, "checklist_object_breakdown": object_by,
-            "n_items": {c: int(len(arr[f"scores_base__{c}"])) for c in CHECKLIST_CATEGORIES},
+            "n_items": {c: len(arr[f"scores_base__{c}"]) for c in CHECKLIST_CATEGORIES},
             "token_removal": ev["token_removal"], "deletion": ev["deletion"], "failures_by_pos": ev["failures_by_pos"],
             "n_items_by_pos": ev["n_items_by_pos"], "tree_expansion": ev["tree_expansion"],
             "eval_timings": ev["timings"]}
@@ -469,11 +473,12 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLScenesR
 
     base_key = {"data": data_key, "architecture": config_to_dict(get_config(cfg.model)),
                 **{f: getattr(cfg, f) for f in ("base_epochs", "base_batch_size", "base_lr", "temperature_lr",
-                                                "base_warmup_steps")}}
+                                                "base_warmup_steps", "patch_dropout")}}
     base_dir = runner.stage("base", base_key, lambda w, r: _base(cfg, data_dir, w, r), resumable=True)
     trees_key = {"data": data_key, "vocabulary": list(vocabulary()), "generator": "vlctl.methods.trees"}
     trees_dir = runner.stage("trees", trees_key, lambda w: _trees(cfg, data_dir, w))
-    ft_fields = ("ft_epochs", "ft_batch_size", "ft_lr", "ft_warmup_steps", "rank", "lora_alpha")
+    ft_fields = ("ft_epochs", "ft_batch_size", "ft_lr", "ft_warmup_steps", "rank", "lora_alpha", "towers",
+                 "patch_dropout")
     ft_dirs = {}
     for mode in FT_MODES:
         key = {"base": base_key, "trees": trees_key, "mode": mode, **{f: getattr(cfg, f) for f in ft_fields}}
