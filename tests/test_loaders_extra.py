@@ -211,3 +211,47 @@ def test_shotbench_errors_name_file_row_and_column(tmp_path):
                [["0", "a", "b", "A", "shot size", "not an image"]])
     with pytest.raises(VlctlError, match=r"x.tsv:2: column 'image' holds neither a base64-encoded image"):
         load_shotbench(tmp_path / "x.tsv")
+
+
+def test_vl_checklist_corpus_yaml_resolves_anno_path_and_img_root(tmp_path):
+    """A checkout laid out like om-ai-lab/VL-CheckList: corpus/v1/<type>/<name>.yaml pointing at
+    data/... with IMG_ROOT under the user's image folder; the real color file from shared/data."""
+    import json
+    import shutil
+
+    from PIL import Image
+
+    from vlctl.data.loaders import load_vl_checklist_corpus
+    from vlctl.io import VlctlError
+
+    src = Path(__file__).resolve().parents[2] / "shared" / "data" / "vl_checklist" / "Attribute_vg_color.json"
+    if not src.is_file():
+        pytest.skip(f"{src} not present")
+    checkout = tmp_path / "VL-CheckList"
+    (checkout / "data" / "Attribute" / "vg").mkdir(parents=True)
+    items, seen = [], set()
+    for it in json.loads(src.read_text()):  # five items with five different images
+        if it[0] not in seen and len(items) < 5:
+            items.append(it)
+            seen.add(it[0])
+    (checkout / "data" / "Attribute" / "vg" / "color.json").write_text(json.dumps(items))
+    yml = checkout / "corpus" / "v1" / "Attribute" / "color" / "vg.yaml"
+    yml.parent.mkdir(parents=True)
+    yml.write_text('ANNO_PATH: "data/Attribute/vg/color.json"\nIMG_ROOT: "vg"\nTYPE: "TUPLE_JSON"\n')
+    images = tmp_path / "images"
+    for im, _ in items[:4]:  # the fifth image is missing
+        (images / "vg" / im).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8)).save(images / "vg" / im, format="JPEG")
+    with pytest.raises(VlctlError, match="1 .*missing|missing.*1"):
+        load_vl_checklist_corpus(checkout / "corpus", image_root=images)
+    got = load_vl_checklist_corpus(checkout / "corpus", image_root=images, on_missing="skip")
+    assert list(got) == ["Attribute/color/vg"]
+    loaded, missing = got["Attribute/color/vg"]
+    assert [it.image for it in loaded] == [im for im, _ in items[:4]] and missing == [items[4][0]]
+    assert loaded[0].positives == items[0][1]["POS"] and loaded[0].negatives == items[0][1]["NEG"]
+    yml.write_text("IMG_ROOT: vg\n")
+    with pytest.raises(VlctlError, match="ANNO_PATH"):
+        load_vl_checklist_corpus(yml)
+    shutil.rmtree(checkout / "corpus")
+    with pytest.raises(VlctlError, match="no VL-CheckList corpus"):
+        load_vl_checklist_corpus(tmp_path)

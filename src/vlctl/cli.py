@@ -322,18 +322,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", default=None, help="stage cache directory (default OUT/stages); point recipes at the "
                    "same one to share stages, e.g. tevi-mad reuses mad-clip's trained CLIP")
 
+    # Each part of vlctl registers its own commands (handlers import their heavy modules lazily).
+    from vlctl.eval.retrieval import register as register_eval
     from vlctl.index.cli import register as register_index
+    from vlctl.methods.relevancy import register as register_explain
+    from vlctl.methods.tree_tune import register as register_tree_tune
+    from vlctl.methods.trees import register as register_tree
 
     register_index(sub, add)  # vlctl index / vlctl search
     _register_controlembed(sub, data_sub, fit_sub, add)  # vlctl data shapes / fit controlembed / cluster
-    from vlctl.methods.trees import register as register_tree
-
     register_tree(sub, add)  # vlctl tree
-    from vlctl.eval.retrieval import register as register_eval
-
     register_eval(sub, add)  # vlctl eval retrieval
-    __import__("vlctl.methods.relevancy", fromlist=["register"]).register(sub, add)  # vlctl explain
-    __import__("vlctl.methods.tree_tune", fromlist=["register"]).register(data_sub, fit_sub, add)  # data scenes, fit tree
+    register_explain(sub, add)  # vlctl explain
+    register_tree_tune(data_sub, fit_sub, add)  # vlctl data scenes / fit tree
     return parser
 
 

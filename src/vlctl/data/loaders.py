@@ -435,6 +435,46 @@ def load_vl_checklist(
     return _check_roots(items, str(path), root, on_missing)
 
 
+def load_vl_checklist_corpus(
+    corpus: str | os.PathLike, image_root: str | os.PathLike | None = None, on_missing: str = "error"
+) -> dict[str, tuple[list[ContrastItem], list[str]]]:
+    """VL-CheckList through its corpus yaml files, as its own evaluator reads them.
+
+    corpus: one yaml (e.g. `corpus/v1/Attribute/color/vg.yaml`: `ANNO_PATH: "data/Attribute/vg/color.json"`,
+        `IMG_ROOT: "vg"`, `TYPE: "TUPLE_JSON"`) or a folder searched recursively for *.yaml.
+        ANNO_PATH is relative to the VL-CheckList checkout, the folder holding `corpus/`.
+    image_root: where the image datasets are; IMG_ROOT is resolved under it (default: under the
+        checkout). Every item's image is checked there; missing ones raise (on_missing="error",
+        naming how many, which and the root) or are dropped and listed (on_missing="skip").
+    returns {corpus name, e.g. "Attribute/color/vg": (items, missing images)}.
+    """
+    import yaml
+
+    corpus = Path(corpus)
+    files = sorted(corpus.rglob("*.yaml")) if corpus.is_dir() else [corpus]
+    if not files:
+        raise VlctlError(f"{corpus}: no VL-CheckList corpus yaml files found")
+    out = {}
+    for f in files:
+        parts = f.resolve().parts
+        if "corpus" not in parts:
+            raise VlctlError(f"{f}: a VL-CheckList corpus yaml must lie under a 'corpus/' folder of the checkout")
+        i = len(parts) - 1 - parts[::-1].index("corpus")
+        checkout, name = Path(*parts[:i]), "/".join(parts[i + 1 :])[: -len(".yaml")]
+        name = name[3:] if name.startswith("v1/") else name
+        try:
+            spec = yaml.safe_load(f.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise VlctlError(f"{f}: unreadable corpus yaml ({e})") from None
+        if not isinstance(spec, dict) or not isinstance(spec.get("ANNO_PATH"), str):
+            raise VlctlError(f"{f}: field ANNO_PATH missing (expected ANNO_PATH, IMG_ROOT, TYPE)")
+        if spec.get("TYPE", "TUPLE_JSON") != "TUPLE_JSON":
+            raise VlctlError(f"{f}: field TYPE is {spec['TYPE']!r}; only TUPLE_JSON exists in VL-CheckList")
+        img_root = Path(image_root if image_root is not None else checkout) / str(spec.get("IMG_ROOT", ""))
+        out[name] = load_vl_checklist(checkout / spec["ANNO_PATH"], root=img_root, on_missing=on_missing)
+    return out
+
+
 def load_aro(
     path: str | os.PathLike, root: str | os.PathLike | None = None, on_missing: str = "error"
 ) -> tuple[list[ContrastItem], list[str]]:
