@@ -461,7 +461,7 @@ def load_vl_checklist_corpus(
             raise VlctlError(f"{f}: a VL-CheckList corpus yaml must lie under a 'corpus/' folder of the checkout")
         i = len(parts) - 1 - parts[::-1].index("corpus")
         checkout, name = Path(*parts[:i]), "/".join(parts[i + 1 :])[: -len(".yaml")]
-        name = name[3:] if name.startswith("v1/") else name
+        name = name.removeprefix("v1/")
         try:
             spec = yaml.safe_load(f.read_text())
         except (OSError, yaml.YAMLError) as e:
