@@ -30,7 +30,8 @@ from skimage.morphology import reconstruction, skeletonize
 from skimage.transform import resize
 
 from vlctl.config import config_to_dict, opt
-from vlctl.io import VlctlError, read_json, sha256_file, sha256_json
+from vlctl.data.writer import check_image_set, open_image_set_files
+from vlctl.io import VlctlError, read_json, sha256_json
 
 CATEGORIES = ("digit", "color", "thickthinning", "swelling", "fracture", "scaling")
 VALUES: dict[str, tuple[str, ...]] = {
@@ -429,17 +430,7 @@ def load_mad(path: str | Path, verify: bool = False) -> dict:
     meta = read_json(path / "meta.json", "MAD meta.json")
     if not isinstance(meta, dict) or not {"n", "image_shape", "sha256"} <= set(meta):
         raise VlctlError(f"{path / 'meta.json'}: not a MAD meta file (needs n, image_shape, sha256)")
-    image_file, label_file = path / "images.npy", path / "labels.jsonl"
-    for f in (image_file, label_file):
-        if not f.is_file():
-            raise VlctlError(f"{f}: file not found")
-    try:
-        images = np.load(image_file, mmap_mode="r")
-    except (ValueError, OSError, EOFError) as e:
-        raise VlctlError(f"{image_file}: corrupt .npy file ({e})") from None
-    if images.dtype != np.uint8 or images.ndim != 4 or list(images.shape[1:]) != list(meta["image_shape"]):
-        raise VlctlError(f"{image_file}: expected uint8 images of shape (N, {', '.join(map(str, meta['image_shape']))}), "
-                         f"got {images.dtype} {images.shape}")
+    images, label_file = open_image_set_files(path, meta)
     check_label = _label_checker(meta, path / "meta.json")
     labels = []
     with open(label_file, encoding="utf-8") as f:
@@ -450,13 +441,7 @@ def load_mad(path: str | Path, verify: bool = False) -> dict:
                 raise VlctlError(f"{label_file}: line {lineno}: corrupt JSON ({e})") from None
             check_label(label, f"{label_file}: line {lineno}")
             labels.append(label)
-    if not len(images) == len(labels) == meta["n"]:
-        raise VlctlError(f"{path}: count mismatch: {len(images)} images in images.npy, {len(labels)} labels in "
-                         f"labels.jsonl, n={meta['n']} in meta.json")
-    if verify:
-        for f in (image_file, label_file):
-            if sha256_file(f) != meta["sha256"].get(f.name):
-                raise VlctlError(f"{f}: sha256 does not match meta.json (file changed since it was generated)")
+    check_image_set(path, meta, images, labels, verify)
     return {"images": images, "labels": labels, "meta": meta, "path": path}
 
 

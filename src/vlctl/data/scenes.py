@@ -58,6 +58,7 @@ from pathlib import Path
 import numpy as np
 
 from vlctl.config import config_to_dict, opt
+from vlctl.data.writer import check_image_set, open_image_set_files
 from vlctl.io import VlctlError, atomic_write_bytes, atomic_write_json, read_json, sha256_json
 
 SHAPES = ("circle", "square", "triangle", "star", "cross")
@@ -455,7 +456,6 @@ def load_scenes(path: str | Path, verify: bool = False) -> dict:
     """Load a scenes directory: {"images": (N, S, S, 3) uint8 read-only memmap, "labels", "meta",
     "path"}. Refuses (VlctlError naming the file) a missing directory or file, another format, a
     corrupt label line, counts that disagree; `verify` re-hashes the files against meta.json."""
-    from vlctl.io import sha256_file
 
     path = Path(path)
     if not path.is_dir():
@@ -467,17 +467,7 @@ def load_scenes(path: str | Path, verify: bool = False) -> dict:
     for f in ("n", "image_shape", "sha256"):
         if f not in meta:
             raise VlctlError(f"{path / 'meta.json'}: missing field {f!r}")
-    image_file, label_file = path / "images.npy", path / "labels.jsonl"
-    for f in (image_file, label_file):
-        if not f.is_file():
-            raise VlctlError(f"{f}: file not found")
-    try:
-        images = np.load(image_file, mmap_mode="r")
-    except (ValueError, OSError, EOFError) as e:
-        raise VlctlError(f"{image_file}: corrupt .npy file ({e})") from None
-    if images.dtype != np.uint8 or images.ndim != 4 or list(images.shape[1:]) != list(meta["image_shape"]):
-        raise VlctlError(f"{image_file}: expected uint8 images (N, {', '.join(map(str, meta['image_shape']))}), "
-                         f"got {images.dtype} {images.shape}")
+    images, label_file = open_image_set_files(path, meta)
     labels = []
     with open(label_file, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -487,12 +477,7 @@ def load_scenes(path: str | Path, verify: bool = False) -> dict:
                 raise VlctlError(f"{label_file}: line {lineno}: corrupt JSON ({e})") from None
             check_label(lab, f"{label_file}: line {lineno}")
             labels.append(lab)
-    if not len(images) == len(labels) == meta["n"]:
-        raise VlctlError(f"{path}: count mismatch: {len(images)} images, {len(labels)} labels, n={meta['n']} in meta.json")
-    if verify:
-        for f in (image_file, label_file):
-            if sha256_file(f) != meta["sha256"].get(f.name):
-                raise VlctlError(f"{f}: sha256 does not match meta.json (file changed since it was generated)")
+    check_image_set(path, meta, images, labels, verify)
     return {"images": images, "labels": labels, "meta": meta, "path": path}
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlctl.io import atomic_dir, atomic_write_json, atomic_write_text, sha256_file
+from vlctl.io import VlctlError, atomic_dir, atomic_write_json, atomic_write_text, sha256_file
 
 Chunk = tuple[np.ndarray, list[dict]]  # (images (m, S, S, 3) uint8, one label dict per image)
 
@@ -69,3 +69,31 @@ def write_image_set(
                                "labels.jsonl": sha256_file(tmp / "labels.jsonl")},
         })
     return out
+
+
+def open_image_set_files(path: Path, meta: dict) -> tuple[np.ndarray, Path]:
+    """(images.npy memmapped read-only, path of labels.jsonl) of a written set, checked: both
+    files exist and the images are uint8 of meta's image_shape. Clear errors name the file."""
+    image_file, label_file = path / "images.npy", path / "labels.jsonl"
+    for f in (image_file, label_file):
+        if not f.is_file():
+            raise VlctlError(f"{f}: file not found")
+    try:
+        images = np.load(image_file, mmap_mode="r")
+    except (ValueError, OSError, EOFError) as e:
+        raise VlctlError(f"{image_file}: corrupt .npy file ({e})") from None
+    if images.dtype != np.uint8 or images.ndim != 4 or list(images.shape[1:]) != list(meta["image_shape"]):
+        raise VlctlError(f"{image_file}: expected uint8 images of shape (N, {', '.join(map(str, meta['image_shape']))}), "
+                         f"got {images.dtype} {images.shape}")
+    return images, label_file
+
+
+def check_image_set(path: Path, meta: dict, images: np.ndarray, labels: list, verify: bool) -> None:
+    """Counts agree (images, labels, meta's n); with `verify`, both files hash to meta's sha256."""
+    if not len(images) == len(labels) == meta["n"]:
+        raise VlctlError(f"{path}: count mismatch: {len(images)} images in images.npy, {len(labels)} labels in "
+                         f"labels.jsonl, n={meta['n']} in meta.json")
+    if verify:
+        for f in (path / "images.npy", path / "labels.jsonl"):
+            if sha256_file(f) != meta["sha256"].get(f.name):
+                raise VlctlError(f"{f}: sha256 does not match meta.json (file changed since it was generated)")
