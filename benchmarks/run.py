@@ -188,7 +188,12 @@ def main() -> None:
             results[name] = fn()
             print(name, json.dumps(results[name]), flush=True)
     print(json.dumps(results, indent=2))
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    out = Path(args.out)
+    if args.only is not None and out.is_file():  # a partial run updates its keys, keeps the others
+        results = {**json.loads(out.read_text()), **results}
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    tmp.replace(out)
 
 
 if __name__ == "__main__":
