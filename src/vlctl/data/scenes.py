@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 
 from vlctl.config import config_to_dict, opt
-from vlctl.data.writer import check_image_set, open_image_set_files
+from vlctl.data.writer import check_image_set, check_set_config, open_image_set_files
 from vlctl.io import VlctlError, atomic_write_bytes, atomic_write_json, read_json, sha256_json
 
 SHAPES = ("circle", "square", "triangle", "star", "cross")
@@ -120,15 +120,7 @@ class ScenesConfig:
     write_png: bool = opt(False, "also write images/<filename>.png (always on for the test split's checklist)")
 
     def __post_init__(self):
-        if self.split not in SPLITS:
-            raise VlctlError(f"ScenesConfig.split: {self.split!r} is not one of {list(SPLITS)}")
-        for name in ("n", "workers"):
-            if getattr(self, name) < 1:
-                raise VlctlError(f"ScenesConfig.{name}: must be >= 1, got {getattr(self, name)}")
-        if self.image_size < 24:
-            raise VlctlError(f"ScenesConfig.image_size: must be >= 24, got {self.image_size}")
-        if self.seed < 0:
-            raise VlctlError(f"ScenesConfig.seed: must be >= 0, got {self.seed}")
+        check_set_config(self, SPLITS, 24)
         if not 0 <= self.p_three <= 1:
             raise VlctlError(f"ScenesConfig.p_three: must be in [0, 1], got {self.p_three}")
 

@@ -56,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from vlctl.config import config_to_dict, opt
+from vlctl.data.writer import check_set_config
 from vlctl.io import (
     VlctlError,
     atomic_write_bytes,
@@ -106,15 +107,7 @@ class ShapesConfig:
     write_png: bool = opt(False, "also write images/<filename>.png (what a Clevr-4 folder loader reads)")
 
     def __post_init__(self):
-        if self.split not in SPLITS:
-            raise VlctlError(f"ShapesConfig.split: {self.split!r} is not one of {list(SPLITS)}")
-        for name in ("n", "workers"):
-            if getattr(self, name) < 1:
-                raise VlctlError(f"ShapesConfig.{name}: must be >= 1, got {getattr(self, name)}")
-        if self.image_size < 16:
-            raise VlctlError(f"ShapesConfig.image_size: must be >= 16 (10 objects must fit), got {self.image_size}")
-        if self.seed < 0:
-            raise VlctlError(f"ShapesConfig.seed: must be >= 0, got {self.seed}")
+        check_set_config(self, SPLITS, 16, "10 objects must fit")
         probs = tuple(float(p) for p in self.caption_probs)
         if len(probs) != len(CATEGORIES) or not all(0 <= p <= 1 for p in probs):
             raise VlctlError(f"ShapesConfig.caption_probs: expected {len(CATEGORIES)} probabilities in [0, 1] "

@@ -97,3 +97,19 @@ def check_image_set(path: Path, meta: dict, images: np.ndarray, labels: list, ve
         for f in (path / "images.npy", path / "labels.jsonl"):
             if sha256_file(f) != meta["sha256"].get(f.name):
                 raise VlctlError(f"{f}: sha256 does not match meta.json (file changed since it was generated)")
+
+
+def check_set_config(cfg, splits: Sequence[str], min_image_size: int, size_why: str = "") -> None:
+    """The fields every generated-set config shares (split, n, workers, image_size, seed): raise
+    VlctlError naming the config class and the field when one is out of range."""
+    name = type(cfg).__name__
+    if cfg.split not in splits:
+        raise VlctlError(f"{name}.split: {cfg.split!r} is not one of {list(splits)}")
+    for field in ("n", "workers"):
+        if getattr(cfg, field) < 1:
+            raise VlctlError(f"{name}.{field}: must be >= 1, got {getattr(cfg, field)}")
+    if cfg.image_size < min_image_size:
+        why = f" ({size_why})" if size_why else ""
+        raise VlctlError(f"{name}.image_size: must be >= {min_image_size}{why}, got {cfg.image_size}")
+    if cfg.seed < 0:
+        raise VlctlError(f"{name}.seed: must be >= 0, got {cfg.seed}")
