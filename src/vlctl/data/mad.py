@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gzip
-import json
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -30,7 +29,7 @@ from skimage.morphology import reconstruction, skeletonize
 from skimage.transform import resize
 
 from vlctl.config import config_to_dict, opt
-from vlctl.data.writer import check_image_set, open_image_set_files
+from vlctl.data.writer import check_image_set, open_image_set_files, read_labels
 from vlctl.io import VlctlError, read_json, sha256_json
 
 CATEGORIES = ("digit", "color", "thickthinning", "swelling", "fracture", "scaling")
@@ -432,15 +431,7 @@ def load_mad(path: str | Path, verify: bool = False) -> dict:
         raise VlctlError(f"{path / 'meta.json'}: not a MAD meta file (needs n, image_shape, sha256)")
     images, label_file = open_image_set_files(path, meta)
     check_label = _label_checker(meta, path / "meta.json")
-    labels = []
-    with open(label_file, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            try:
-                label = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise VlctlError(f"{label_file}: line {lineno}: corrupt JSON ({e})") from None
-            check_label(label, f"{label_file}: line {lineno}")
-            labels.append(label)
+    labels = read_labels(label_file, check_label)
     check_image_set(path, meta, images, labels, verify)
     return {"images": images, "labels": labels, "meta": meta, "path": path}
 

@@ -58,8 +58,8 @@ from pathlib import Path
 import numpy as np
 
 from vlctl.config import config_to_dict, opt
-from vlctl.data.writer import check_image_set, check_set_config, open_image_set_files
-from vlctl.io import VlctlError, atomic_write_bytes, atomic_write_json, read_json, sha256_json
+from vlctl.data.writer import check_image_set, check_set_config, open_image_set_files, read_labels
+from vlctl.io import VlctlError, atomic_write_json, read_json, sha256_json
 
 SHAPES = ("circle", "square", "triangle", "star", "cross")
 COLORS: dict[str, tuple[int, int, int]] = {
@@ -315,15 +315,6 @@ def _make_range(bounds: tuple[int, int], cfg: ScenesConfig) -> tuple[np.ndarray,
     return np.stack([s[0] for s in samples]), [s[1] for s in samples]
 
 
-def _png_bytes(image: np.ndarray) -> bytes:
-    import io
-
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(image).save(buf, format="PNG")
-    return buf.getvalue()
-
 
 # --- checklist ---------------------------------------------------------------------------------
 
@@ -398,14 +389,13 @@ def load_checklist(path: str | Path, category: str) -> list[dict]:
 def generate_scenes(cfg: ScenesConfig, out: str | Path) -> Path:
     """Generate cfg.n scenes of cfg.split into `out` (replaced atomically); the test split also
     gets PNGs and the checklist files."""
-    from vlctl.data.writer import write_image_set
+    from vlctl.data.writer import write_image_set, write_pngs
 
     pngs = cfg.write_png or cfg.split == "test"
 
-    def write_pngs(tmp: Path, imgs: np.ndarray, labs: list[dict]) -> None:
+    def maybe_pngs(tmp: Path, imgs: np.ndarray, labs: list[dict]) -> None:
         if pngs:
-            for image, lab in zip(imgs, labs):
-                atomic_write_bytes(tmp / "images" / lab["filename"], _png_bytes(image))
+            write_pngs(tmp, imgs, labs)
 
     def on_done(tmp: Path, labels: list[dict]) -> None:
         if cfg.split == "test":
@@ -415,7 +405,7 @@ def generate_scenes(cfg: ScenesConfig, out: str | Path) -> Path:
             "image_shape": [cfg.image_size, cfg.image_size, 3], "values": {a: list(v) for a, v in VALUES.items()},
             "relations": list(RELATIONS), "split_fractions": list(SPLIT_FRACTIONS)}
     return write_image_set(out, n=cfg.n, image_size=cfg.image_size, workers=cfg.workers, chunk_max=500,
-                           make_range=functools.partial(_make_range, cfg=cfg), meta=meta, on_chunk=write_pngs,
+                           make_range=functools.partial(_make_range, cfg=cfg), meta=meta, on_chunk=maybe_pngs,
                            on_done=on_done)
 
 
@@ -460,15 +450,7 @@ def load_scenes(path: str | Path, verify: bool = False) -> dict:
         if f not in meta:
             raise VlctlError(f"{path / 'meta.json'}: missing field {f!r}")
     images, label_file = open_image_set_files(path, meta)
-    labels = []
-    with open(label_file, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            try:
-                lab = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise VlctlError(f"{label_file}: line {lineno}: corrupt JSON ({e})") from None
-            check_label(lab, f"{label_file}: line {lineno}")
-            labels.append(lab)
+    labels = read_labels(label_file, check_label)
     check_image_set(path, meta, images, labels, verify)
     return {"images": images, "labels": labels, "meta": meta, "path": path}
 

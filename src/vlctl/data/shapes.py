@@ -59,7 +59,6 @@ from vlctl.config import config_to_dict, opt
 from vlctl.data.writer import check_set_config
 from vlctl.io import (
     VlctlError,
-    atomic_write_bytes,
     atomic_write_json,
     read_json,
 )
@@ -332,24 +331,14 @@ def _make_range(bounds: tuple[int, int], cfg: ShapesConfig) -> tuple[np.ndarray,
     return np.stack([s[0] for s in samples]), [s[1] for s in samples]
 
 
-def _png_bytes(image: np.ndarray) -> bytes:
-    import io
-
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(image).save(buf, format="PNG")
-    return buf.getvalue()
-
 
 def generate_shapes(cfg: ShapesConfig, out: str | Path) -> Path:
     """Generate cfg.n shapes images into directory `out` (replaced atomically); returns its path."""
-    from vlctl.data.writer import write_image_set
+    from vlctl.data.writer import write_image_set, write_pngs
 
-    def write_pngs(tmp: Path, imgs: np.ndarray, labs: list[dict]) -> None:
+    def maybe_pngs(tmp: Path, imgs: np.ndarray, labs: list[dict]) -> None:
         if cfg.write_png:
-            for image, lab in zip(imgs, labs):
-                atomic_write_bytes(tmp / "images" / lab["filename"], _png_bytes(image))
+            write_pngs(tmp, imgs, labs)
 
     def write_clevr4_annotations(tmp: Path, labels: list[dict]) -> None:
         atomic_write_json(tmp / CLEVR4_ANNOTATIONS, {
@@ -362,7 +351,7 @@ def generate_shapes(cfg: ShapesConfig, out: str | Path) -> Path:
     }
     return write_image_set(out, n=cfg.n, image_size=cfg.image_size, workers=cfg.workers, chunk_max=500,
                            make_range=functools.partial(_make_range, cfg=cfg), meta=meta,
-                           on_chunk=write_pngs, on_done=write_clevr4_annotations)
+                           on_chunk=maybe_pngs, on_done=write_clevr4_annotations)
 
 
 # --- loading -------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlctl.io import VlctlError, atomic_dir, atomic_write_json, atomic_write_text, sha256_file
+from vlctl.io import VlctlError, atomic_dir, atomic_write_bytes, atomic_write_json, atomic_write_text, sha256_file
 
 Chunk = tuple[np.ndarray, list[dict]]  # (images (m, S, S, 3) uint8, one label dict per image)
 
@@ -113,3 +113,29 @@ def check_set_config(cfg, splits: Sequence[str], min_image_size: int, size_why: 
         raise VlctlError(f"{name}.image_size: must be >= {min_image_size}{why}, got {cfg.image_size}")
     if cfg.seed < 0:
         raise VlctlError(f"{name}.seed: must be >= 0, got {cfg.seed}")
+
+
+def write_pngs(directory: Path, images: np.ndarray, labels: list[dict]) -> None:
+    """Each image as `directory/images/<label's filename>` (PNG, atomic): what folder loaders read."""
+    import io
+
+    from PIL import Image
+
+    for image, lab in zip(images, labels):
+        buf = io.BytesIO()
+        Image.fromarray(image).save(buf, format="PNG")
+        atomic_write_bytes(directory / "images" / lab["filename"], buf.getvalue())
+
+
+def read_labels(label_file: Path, check_label: Callable[[dict, str], None]) -> list[dict]:
+    """labels.jsonl, one JSON object a line, each passed to `check_label(label, where)`."""
+    labels = []
+    with open(label_file, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            try:
+                label = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise VlctlError(f"{label_file}: line {lineno}: corrupt JSON ({e})") from None
+            check_label(label, f"{label_file}: line {lineno}")
+            labels.append(label)
+    return labels

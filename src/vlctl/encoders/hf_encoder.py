@@ -173,12 +173,8 @@ class HFEncoder:
                 e = self.model.visual_projection(vm.post_layernorm(x[:, 0, :]))
             return torch.nn.functional.normalize(e.float(), dim=-1) if normalize else e
 
-        outs = []
-        with torch.no_grad(), eval_mode(self.model):
-            for i in range(0, images.shape[0], self.batch_size):
-                b, k = images[i : i + self.batch_size].to(self.device), keep[i : i + self.batch_size].to(self.device)
-                outs.append(fn(b, k).float().to(images.device))
-        return torch.cat(outs) if outs else torch.zeros(0, self.embed_dim, device=images.device)
+        with eval_mode(self.model):
+            return run_batched(fn, images, self.batch_size, self.embed_dim, self.device, keep)
 
 
 def create_hf_encoder(

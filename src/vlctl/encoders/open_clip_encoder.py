@@ -55,16 +55,19 @@ def check_precision(precision: str) -> str:
 
 
 def run_batched(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, batch_size: int, dim: int, device: torch.device
+    fn: Callable[..., torch.Tensor], x: torch.Tensor, batch_size: int, dim: int, device: torch.device,
+    *aligned: torch.Tensor,
 ) -> torch.Tensor:
     """fn over `x` in chunks of `batch_size` on `device`; float32 results on the input's device.
 
-    x: (n, ...) -> (n, dim). Runs without gradients.
+    x: (n, ...) -> (n, dim). `aligned` tensors (n, ...) are chunked alongside and passed to fn after
+    x's chunk (e.g. token removal's kept indices). Runs without gradients.
     """
     outs = []
     with torch.no_grad():
         for i in range(0, x.shape[0], batch_size):
-            outs.append(fn(x[i : i + batch_size].to(device)).float().to(x.device))
+            rest = (a[i : i + batch_size].to(device) for a in aligned)
+            outs.append(fn(x[i : i + batch_size].to(device), *rest).float().to(x.device))
     return torch.cat(outs) if outs else torch.zeros(0, dim, device=x.device)
 
 
@@ -307,12 +310,8 @@ class OpenCLIPEncoder:
                     pooled = pooled @ visual.proj
             return F.normalize(pooled, dim=-1) if normalize else pooled
 
-        outs = []
-        with torch.no_grad(), eval_mode(self.model):
-            for i in range(0, images.shape[0], self.batch_size):
-                b, k = images[i : i + self.batch_size].to(self.device), keep[i : i + self.batch_size].to(self.device)
-                outs.append(fn(b, k).float().to(images.device))
-        return torch.cat(outs) if outs else torch.zeros(0, self.embed_dim, device=images.device)
+        with eval_mode(self.model):
+            return run_batched(fn, images, self.batch_size, self.embed_dim, self.device, keep)
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:

@@ -383,29 +383,30 @@ class VisionTransformer(nn.Module):
         _init_transformer(self.blocks)
         nn.init.normal_(self.proj.weight, std=w**-0.5)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (n, 3, S, S) -> class token + patch tokens with positions added (n, 1 + patches, w)."""
         x = self.conv1(self.stem(x)).flatten(2).transpose(1, 2)  # (n, patches, w)
         cls = self.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)
-        x = torch.cat([cls, x], dim=1) + self.positional_embedding.to(x.dtype)
+        return torch.cat([cls, x], dim=1) + self.positional_embedding.to(x.dtype)
+
+    def encode_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens (n, T, w) -> embeddings (n, embed_dim), read at the class token (index 0)."""
         x = self.ln_pre(x)
         for b in self.blocks:
             x = b(x)
         return self.proj(self.ln_post(x[:, 0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encode_tokens(self.tokens(x))
 
     def forward_keep(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         """Token removal: like `forward`, from the class token plus patch tokens `keep` (n, m).
 
         Positional embeddings are added before the gather, so kept tokens keep their positions.
         """
-        x = self.conv1(self.stem(x)).flatten(2).transpose(1, 2)
-        cls = self.class_embedding.to(x.dtype).expand(x.shape[0], 1, -1)
-        x = torch.cat([cls, x], dim=1) + self.positional_embedding.to(x.dtype)
+        x = self.tokens(x)
         idx = torch.cat([keep.new_zeros(keep.shape[0], 1), keep + 1], dim=1)  # token 0 is the class token
-        x = x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-        x = self.ln_pre(x)
-        for b in self.blocks:
-            x = b(x)
-        return self.proj(self.ln_post(x[:, 0]))
+        return self.encode_tokens(x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1])))
 
 
 class TextTransformer(nn.Module):
