@@ -58,6 +58,7 @@ from pathlib import Path
 import numpy as np
 
 from vlctl.config import config_to_dict, opt
+from vlctl.data.shapes import in_polygon  # the shapes set draws its polygons with the same test
 from vlctl.data.writer import check_image_set, check_set_config, open_image_set_files, read_labels
 from vlctl.io import VlctlError, atomic_write_json, read_json, sha256_json
 
@@ -185,16 +186,6 @@ def caption_holds(structure: dict, objects: list[dict], margin: float = 0.0) -> 
 # --- drawing -----------------------------------------------------------------------------------
 
 
-def _in_polygon(u: np.ndarray, v: np.ndarray, vertices: np.ndarray) -> np.ndarray:
-    inside = np.zeros(u.shape, dtype=bool)
-    for (u1, v1), (u2, v2) in zip(vertices, np.roll(vertices, -1, axis=0)):
-        crosses = (u1 > u) != (u2 > u)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            v_at = v1 + (u - u1) * (v2 - v1) / (u2 - u1)
-        inside ^= crosses & (v < v_at)
-    return inside
-
-
 _ANG = -np.pi / 2 + np.arange(10) * np.pi / 5
 _STAR = np.stack([np.where(np.arange(10) % 2 == 0, 1.0, 0.45) * np.sin(_ANG),
                   np.where(np.arange(10) % 2 == 0, 1.0, 0.45) * np.cos(_ANG)], axis=1) + [0.1, 0.0]
@@ -208,9 +199,9 @@ def shape_mask(shape: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
     if shape == "square":
         return (np.abs(u) <= 0.8) & (np.abs(v) <= 0.8)
     if shape == "triangle":
-        return _in_polygon(u, v, _TRIANGLE)
+        return in_polygon(u, v, _TRIANGLE)
     if shape == "star":
-        return _in_polygon(u, v, _STAR)
+        return in_polygon(u, v, _STAR)
     if shape == "cross":
         return ((np.abs(u) <= 0.3) & (np.abs(v) <= 0.95)) | ((np.abs(v) <= 0.3) & (np.abs(u) <= 0.95))
     raise VlctlError(f"shape_mask: unknown shape {shape!r} (expected one of {list(SHAPES)})")

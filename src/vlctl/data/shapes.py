@@ -117,7 +117,7 @@ class ShapesConfig:
 # --- silhouettes: functions of object coordinates (u down, v right), object within [-1, 1]^2 ---
 
 
-def _in_polygon(u: np.ndarray, v: np.ndarray, vertices: np.ndarray) -> np.ndarray:
+def in_polygon(u: np.ndarray, v: np.ndarray, vertices: np.ndarray) -> np.ndarray:
     """Even-odd point-in-polygon test, vectorised over points; vertices (k, 2) as (u, v)."""
     inside = np.zeros(u.shape, dtype=bool)
     for (u1, v1), (u2, v2) in zip(vertices, np.roll(vertices, -1, axis=0)):
@@ -156,18 +156,18 @@ def shape_mask(shape: str, u: np.ndarray, v: np.ndarray) -> np.ndarray:
     if shape == "monkey":
         return _disk(u, v, 0.15, 0, 0.68) | _disk(u, v, -0.3, -0.68, 0.32) | _disk(u, v, -0.3, 0.68, 0.32)
     if shape == "cone":
-        return _in_polygon(u, v, _CONE) | _ellipse(u, v, 0.7, 0, 0.22, 0.75)
+        return in_polygon(u, v, _CONE) | _ellipse(u, v, 0.7, 0, 0.22, 0.75)
     if shape == "torus":
         r2 = u * u + v * v
         return (r2 <= 0.95**2) & (r2 >= 0.45**2)
     if shape == "star":
-        return _in_polygon(u, v, _STAR)
+        return in_polygon(u, v, _STAR)
     if shape == "teapot":
         body = _ellipse(u, v, 0.2, 0, 0.6, 0.62)
         lid = _ellipse(u, v, -0.4, 0, 0.14, 0.38) | _disk(u, v, -0.58, 0, 0.14)
         r2 = (u - 0.15) ** 2 + (v + 0.62) ** 2
         handle = (r2 <= 0.36**2) & (r2 >= 0.2**2) & (v <= -0.6)
-        return body | lid | handle | _in_polygon(u, v, _SPOUT)
+        return body | lid | handle | in_polygon(u, v, _SPOUT)
     if shape == "diamond":
         return np.abs(u) / 0.97 + np.abs(v) / 0.65 <= 1
     if shape == "gear":
@@ -210,7 +210,7 @@ def texture_maps(texture: str, u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray
         return np.where(mortar, 1.0, 0.7), np.where(mortar, 0.8, 0.0)
     if texture == "star":  # a 2x2 tiling of light stars
         cu, cv = ((u + 1) * 1.0) % 1 * 2 - 1, ((v + 1) * 1.0) % 1 * 2 - 1
-        return ones, np.where(_in_polygon(cu, cv, _star_vertices(0.95, 0.42) + [0.08, 0]), 0.85, 0.0)
+        return ones, np.where(in_polygon(cu, cv, _star_vertices(0.95, 0.42) + [0.08, 0]), 0.85, 0.0)
     if texture == "circles":  # concentric rings
         return np.where(np.hypot(u, v) * 3.2 % 1 < 0.45, 0.25, 1.0), zeros
     if texture == "zigzag":  # horizontal chevron stripes
