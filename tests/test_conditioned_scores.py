@@ -94,8 +94,9 @@ def test_rerank_breaks_base_ties_by_index():
     assert out.order[:, 0].tolist() == [1, 2, 4]
 
 
-@pytest.mark.parametrize("n_pairs,text_chunk", [(3, 64), (200, 64), (200, 2)])  # both code paths; text chunks
-def test_pair_scores_equal_the_full_matrix_at_the_listed_pairs(n_pairs, text_chunk):
+@pytest.mark.parametrize("method", ["auto", "direct", "embed", "gram"])
+@pytest.mark.parametrize("n_pairs,text_chunk", [(3, 64), (200, 64), (200, 2)])  # few/many pairs per image; text chunks
+def test_pair_scores_equal_the_full_matrix_at_the_listed_pairs(n_pairs, text_chunk, method):
     from vlctl.methods.tevi import pair_scores
 
     latents, masks, decoder, b_pre, text = _inputs(torch.float64, seed=3)
@@ -104,5 +105,13 @@ def test_pair_scores_equal_the_full_matrix_at_the_listed_pairs(n_pairs, text_chu
     text_idx = torch.randint(0, Q, (n_pairs,), generator=g)
     full = _naive(latents, masks, decoder, b_pre, text)
     got = pair_scores(latents, masks, decoder, b_pre, text, image_idx, text_idx, support=K,
-                      text_chunk=text_chunk)
+                      text_chunk=text_chunk, method=method)
     torch.testing.assert_close(got, full[image_idx, text_idx], rtol=1e-10, atol=1e-10)
+
+
+def test_pair_scores_refuses_an_unknown_method():
+    from vlctl.methods.tevi import pair_scores
+
+    latents, masks, decoder, b_pre, text = _inputs(torch.float64, seed=3)
+    with pytest.raises(ValueError, match="method"):
+        pair_scores(latents, masks, decoder, b_pre, text, torch.tensor([0]), torch.tensor([0]), method="dense")

@@ -160,6 +160,9 @@ def rerank(
     return Reranked(order, new_scores)
 
 
+PAIR_METHODS = ("auto", "direct", "embed", "gram")
+
+
 def pair_scores(
     latents: torch.Tensor,
     masks: torch.Tensor,
@@ -171,17 +174,25 @@ def pair_scores(
     support: int | None = None,
     pair_chunk: int = 2048,
     text_chunk: int = 64,
+    method: str = "auto",
 ) -> torch.Tensor:
     """cos(e_{p|q}, t_q) for the listed pairs (image_idx[i], text_idx[i]) only -> (n_pairs,).
 
-    Arguments as in `conditioned_scores` (`support` is its `k`). With many texts per image
-    (batch reranking), u_q = W_D t̂_q is computed once per text that occurs and the Gram block
-    W_D[S_p] W_D[S_p]^T once per image that occurs, and each pair costs one K x K quadratic form:
-    O(Q'·d·d1 + P'·K²·d + n_pairs·K²) for the Q' texts and P' images used, extra memory
-    O(n_pairs·K + text_chunk·d1 + K·d): the masked codes of every pair, u for `text_chunk` texts at a time, one
-    image's decoder rows. With fewer than K texts per image on average (one query's candidates)
-    each edited embedding is built from its K decoder rows instead: O(n_pairs·K·d).
+    Arguments as in `conditioned_scores` (`support` is its `k`). For the Q' texts and P' images
+    that occur, n pairs, support K, there are three exact ways (`method`; "auto" takes the cheapest):
+      "direct": each pair's edited embedding from its K decoder rows, pairs in chunks of
+                `pair_chunk`: n·K·d, but the (chunk, K, d) decoder rows are gathered per pair.
+                For few pairs per image (one query's candidates).
+      "embed":  the same n·K·d arithmetic, image by image: the image's K decoder rows are read once
+                and its pairs' edited embeddings come out of one (n_p, K) x (K, d) GEMM.
+      "gram":   u_q = W_D t̂_q once per text, the K x K Gram block W_D[S_p] W_D[S_p]^T once per
+                image, one K x K quadratic form per pair: Q'·d·d1 + P'·K²·d + n·K². Cheaper than
+                "embed" only when each text has many pairs (rerank depth > d·d1 / (K·(d - K)),
+                about 170 at d=512, d1=16384, K=128).
+    Extra memory O(n·K + text_chunk·d1 + K·d) besides the inputs ("direct": pair_chunk·K·d).
     """
+    if method not in PAIR_METHODS:
+        raise ValueError(f"method must be one of {PAIR_METHODS}, got {method!r}")
     t_hat = text_emb / text_emb.norm(dim=1, keepdim=True).clamp_min(1e-12)  # (Q, d)
     k = support if support is not None else int((latents != 0).sum(1).max())
     k = max(1, min(k, latents.shape[1]))
@@ -190,31 +201,61 @@ def pair_scores(
     z = latents[images]
     idx = z.abs().topk(k, dim=1).indices  # (P', K)
     vals = z.gather(1, idx)
-    out = torch.empty(len(image_idx), dtype=latents.dtype)
-    if len(image_idx) < len(images) * k:
-        # Few texts per image (e.g. one query's candidates): build each edited embedding from its K
-        # decoder rows, K·d per pair, cheaper than a K x K Gram block (K²·d) per image.
+    n_pairs, d1, d = len(image_idx), latents.shape[1], decoder.shape[1]
+    if method == "auto":
+        if n_pairs < 8 * len(images):
+            method = "direct"
+        else:
+            gram_cost = len(texts) * d * d1 + len(images) * k * k * d + n_pairs * k * k
+            method = "gram" if gram_cost < n_pairs * k * d else "embed"
+    if method == "direct":
+        out = torch.empty(n_pairs, dtype=latents.dtype)
         t_q, m = t_hat[texts], masks[texts]
-        for i0 in range(0, len(image_idx), pair_chunk):
+        for i0 in range(0, n_pairs, pair_chunk):
             p, q = pi[i0 : i0 + pair_chunk], qi[i0 : i0 + pair_chunk]
             sp = idx[p]  # (n, K)
             y = vals[p] * m[q[:, None], sp]  # (n, K): z_p ⊙ m_q on S_p
             e = (y[:, None, :] @ decoder[sp]).squeeze(1) + b_pre  # (n, d): e_{p|q}
             out[i0 : i0 + pair_chunk] = (e * t_q[q]).sum(1) / e.norm(dim=1).clamp_min(1e-12)
         return out
+
     # Two passes, each reading memory in the order it is laid out. Random reads of single mask
     # entries were the cost (one cache miss per (pair, latent)), not the arithmetic.
-    # Pass 1, pairs grouped by text: u_q = W_D t̂_q is made for a few texts at a time (a GEMM,
-    # never the whole (Q', d1) matrix) and each pair's K entries of m_q and m_q ⊙ u_q are read
-    # from those few rows, which stay in cache. It gives y = z_p ⊙ m_q on S_p and the numerator.
-    n_pairs = len(image_idx)
-    d1 = latents.shape[1]
-    tb = t_hat[texts] @ b_pre  # (Q',)
+    # Pass 1, pairs grouped by text: each pair's K mask entries are read from its text's row of
+    # m, which stays in cache while that text's pairs are served: y = z_p ⊙ m_q on S_p.
+    # Pass 2, pairs grouped by image: the image's K decoder rows W_D[S_p] serve all its pairs.
     by_text = torch.argsort(qi, stable=True)
     text_starts = torch.searchsorted(qi[by_text], torch.arange(len(texts) + 1)).tolist()
+    by_image = torch.argsort(pi, stable=True)
+    img_starts = torch.searchsorted(pi[by_image], torch.arange(len(images) + 1)).tolist()
+    c_txt = max(1, text_chunk)
+    if method == "embed":
+        # y is stored in image order, so pass 2 reads each image's rows as one contiguous slice.
+        dest = torch.empty_like(by_image)
+        dest[by_image] = torch.arange(n_pairs)
+        m_flat = masks.reshape(-1)
+        y = torch.empty(n_pairs, k, dtype=latents.dtype)
+        for j0 in range(0, len(texts), c_txt):
+            rows = by_text[text_starts[j0] : text_starts[min(j0 + c_txt, len(texts))]]
+            p = pi[rows]
+            flat = texts[qi[rows]][:, None] * d1 + idx[p]  # (n, K) offsets into m
+            y[dest[rows]] = vals[p] * m_flat[flat]
+        # e_{p|q} = y W_D[S_p] + b_pre: one (n_p, K) x (K, d) GEMM per image, then cos(e, t̂_q).
+        t_used, q_img = t_hat[texts], qi[by_image]
+        score = torch.empty(n_pairs, dtype=latents.dtype)
+        for i in range(len(images)):
+            s0, s1 = img_starts[i], img_starts[i + 1]
+            e = torch.addmm(b_pre, y[s0:s1], decoder[idx[i]])  # (n_i, d)
+            score[s0:s1] = (e * t_used[q_img[s0:s1]]).sum(1) / torch.linalg.vector_norm(e, dim=1).clamp_min(1e-12)
+        out = torch.empty(n_pairs, dtype=latents.dtype)
+        out[by_image] = score
+        return out
+
+    # "gram". Pass 1 also makes u_q = W_D t̂_q for a few texts at a time (a GEMM, never the whole
+    # (Q', d1) matrix) and reads m_q ⊙ u_q beside m_q for the numerator.
     y = torch.empty(n_pairs, k, dtype=latents.dtype)  # row r: pair by_text[r]
     num = torch.empty(n_pairs, dtype=latents.dtype)
-    c_txt = max(1, text_chunk)
+    tb = t_hat[texts] @ b_pre  # (Q',)
     both = torch.empty(c_txt, d1, 2, dtype=latents.dtype)
     for j0 in range(0, len(texts), c_txt):
         j1 = min(j0 + c_txt, len(texts))
@@ -222,26 +263,23 @@ def pair_scores(
         if r0 == r1:
             continue
         rows = by_text[r0:r1]  # pair ids of these texts
+        p = pi[rows]
+        flat = (qi[rows] - j0)[:, None] * d1 + idx[p]  # (n, K) offsets into the (c, d1) rows
+        v = vals[p]
         # m_q and m_q ⊙ u_q side by side, so one read fetches both from the same cache line.
         pair = both[: j1 - j0]
         pair[..., 0] = masks[texts[j0:j1]]
         torch.mul(pair[..., 0], t_hat[texts[j0:j1]] @ decoder.T, out=pair[..., 1])
-        p = pi[rows]
-        flat = (qi[rows] - j0)[:, None] * d1 + idx[p]  # (n, K) offsets into the (c, d1) rows
         got = pair.view(-1, 2).index_select(0, flat.view(-1)).view(len(rows), k, 2)
-        v = vals[p]
         torch.mul(v, got[..., 0], out=y[r0:r1])
         num[r0:r1] = (v * got[..., 1]).sum(1) + tb[qi[rows]]
-    # Pass 2, pairs grouped by image: ||e_{p|q}||² = y^T G_p y + 2 y·(W_D b)[S_p] + ||b||², with the
-    # K x K Gram block G_p = W_D[S_p] W_D[S_p]^T built once per image and used by all its pairs.
-    wb_all = decoder @ b_pre  # (d1,)
-    bb = b_pre @ b_pre
+    # ||e_{p|q}||² = y^T G_p y + 2 y·(W_D b)[S_p] + ||b||², G_p = W_D[S_p] W_D[S_p]^T once per image.
     pos_of_pair = torch.empty_like(by_text)
     pos_of_pair[by_text] = torch.arange(n_pairs)
-    by_image = torch.argsort(pi, stable=True)
     pos = pos_of_pair[by_image]  # rows of y, image by image
-    img_starts = torch.searchsorted(pi[by_image], torch.arange(len(images) + 1)).tolist()
     sq = torch.empty(n_pairs, dtype=latents.dtype)  # in y's row order
+    wb_all = decoder @ b_pre  # (d1,)
+    bb = b_pre @ b_pre
     for i in range(len(images)):
         r = pos[img_starts[i] : img_starts[i + 1]]
         sp = idx[i]  # (K,)
