@@ -111,7 +111,7 @@ def bench_tevi_rerank(n_images: int = 5000, per_image: int = 5, d: int = 512, d1
     """Exhaustive TEVI vs TEVI-rerank of CLIP's top `rerank_k` on an n_images x (per_image *
     n_images) problem with random SAE/mask weights; R@1 (t2i) of both."""
     from vlctl.eval.metrics import recall_at_k
-    from vlctl.methods.tevi import conditioned_scores, rerank_conditioned
+    from vlctl.methods.tevi import conditioned_scores, pair_method, rerank_conditioned
 
     n_texts = n_images * per_image
     img, txt, owner, z, m, W, b = _random_tevi(n_images, n_texts, d, d1, k, per_image)
@@ -127,6 +127,7 @@ def bench_tevi_rerank(n_images: int = 5000, per_image: int = 5, d: int = 512, d1
     r_exact = recall_at_k(exact.numpy(), owner.numpy(), ks=(1,))
     r_base = recall_at_k(base.numpy(), owner.numpy(), ks=(1,))
     return {"images": n_images, "texts": n_texts, "d": d, "d1": d1, "k": k, "rerank_k": rerank_k,
+            "pair_method": pair_method(rerank_k * n_texts, n_images, n_texts, d, d1, k),
             "seconds_exhaustive": t_exact, "seconds_rerank": t_rerank, "speedup": t_exact / t_rerank,
             "t2i@1_clip": r_base["t2i@1"], "t2i@1_exhaustive": r_exact["t2i@1"], "t2i@1_rerank": r1_rerank}
 

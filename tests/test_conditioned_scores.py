@@ -115,3 +115,12 @@ def test_pair_scores_refuses_an_unknown_method():
     latents, masks, decoder, b_pre, text = _inputs(torch.float64, seed=3)
     with pytest.raises(ValueError, match="method"):
         pair_scores(latents, masks, decoder, b_pre, text, torch.tensor([0]), torch.tensor([0]), method="dense")
+
+
+def test_pair_method_follows_the_multiply_add_counts():
+    from vlctl.methods.tevi import pair_method
+
+    d, d1, k = 512, 16384, 128
+    assert pair_method(100, 100, 1, d, d1, k) == "direct"  # one query's candidates
+    assert pair_method(100 * 25000, 5000, 25000, d, d1, k) == "embed"  # rerank depth 100 < ~170
+    assert pair_method(1000 * 25000, 5000, 25000, d, d1, k) == "gram"  # depth 1000: u_q pays off

@@ -64,7 +64,7 @@ def test_second_run_reuses_every_stage(tiny_run):
 def test_registered_with_presets():
     assert RECIPES["controlembed-shapes"] == "vlctl.recipes.controlembed_shapes:run"
     quick, full = load_preset(True), load_preset(False)
-    assert quick.n_train < full.n_train and quick.model == "shapes-quick"
+    assert quick.n_train < full.n_train and quick.model == "shapes-64"
 
 
 def test_cli_fit_controlembed_and_cluster(tiny_run, tmp_path, capsys):

@@ -163,6 +163,16 @@ def rerank(
 PAIR_METHODS = ("auto", "direct", "embed", "gram")
 
 
+def pair_method(n_pairs: int, n_images: int, n_texts: int, d: int, d1: int, k: int) -> str:
+    """The `pair_scores` method "auto" picks for n_pairs pairs over n_images images and n_texts
+    texts: "direct" below 8 pairs per image, else the one of "embed" (n·K·d multiply-adds) and
+    "gram" (Q'·d·d1 + P'·K²·d + n·K²) with fewer multiply-adds."""
+    if n_pairs < 8 * n_images:
+        return "direct"
+    gram_cost = n_texts * d * d1 + n_images * k * k * d + n_pairs * k * k
+    return "gram" if gram_cost < n_pairs * k * d else "embed"
+
+
 def pair_scores(
     latents: torch.Tensor,
     masks: torch.Tensor,
@@ -203,11 +213,7 @@ def pair_scores(
     vals = z.gather(1, idx)
     n_pairs, d1, d = len(image_idx), latents.shape[1], decoder.shape[1]
     if method == "auto":
-        if n_pairs < 8 * len(images):
-            method = "direct"
-        else:
-            gram_cost = len(texts) * d * d1 + len(images) * k * k * d + n_pairs * k * k
-            method = "gram" if gram_cost < n_pairs * k * d else "embed"
+        method = pair_method(n_pairs, len(images), len(texts), d, d1, k)
     if method == "direct":
         out = torch.empty(n_pairs, dtype=latents.dtype)
         t_q, m = t_hat[texts], masks[texts]
@@ -234,12 +240,17 @@ def pair_scores(
         dest = torch.empty_like(by_image)
         dest[by_image] = torch.arange(n_pairs)
         m_flat = masks.reshape(-1)
+        # int32 offsets when they fit: index_select then moves half the index bytes (measured
+        # 3x faster than int64 advanced indexing on a 25k x 16k mask).
+        off_type = torch.int32 if m_flat.numel() < 2**31 else torch.int64
+        idx_off, row_off = idx.to(off_type), texts.to(off_type) * d1
         y = torch.empty(n_pairs, k, dtype=latents.dtype)
         for j0 in range(0, len(texts), c_txt):
             rows = by_text[text_starts[j0] : text_starts[min(j0 + c_txt, len(texts))]]
             p = pi[rows]
-            flat = texts[qi[rows]][:, None] * d1 + idx[p]  # (n, K) offsets into m
-            y[dest[rows]] = vals[p] * m_flat[flat]
+            flat = row_off[qi[rows]][:, None] + idx_off[p]  # (n, K) offsets into m
+            got = m_flat.index_select(0, flat.view(-1)).view(len(rows), k)
+            y.index_copy_(0, dest[rows], vals[p] * got)
         # e_{p|q} = y W_D[S_p] + b_pre: one (n_p, K) x (K, d) GEMM per image, then cos(e, t̂_q).
         t_used, q_img = t_hat[texts], qi[by_image]
         score = torch.empty(n_pairs, dtype=latents.dtype)
