@@ -34,6 +34,7 @@ from vlctl.data.scenes import CHECKLIST_CATEGORIES, OPPOSITE_RELATION, load_chec
 from vlctl.encoders import tiny_clip
 from vlctl.io import atomic_write_json
 from vlctl.methods.tree_tune import negclip_loss, trim_padding
+from vlctl.recipes.three_vl_scenes import checklist_accuracy, checklist_scores
 
 MODES = ("contrastive", "negclip", "relation", "relation_only")
 
@@ -86,11 +87,8 @@ def main() -> None:
             img = model.encode_image(x[first], normalize=True)
             out = {"train_relation": pair_accuracy(img, model.encode_text(trim_padding(pos[first]), normalize=True),
                                                    model.encode_text(trim_padding(neg[first]), normalize=True))}
-            img = model.encode_image(x_test, normalize=True)
-            for c, its in items.items():
-                idx = [it["index"] for it in its]
-                out[c] = pair_accuracy(img[idx], model.encode_text(model.tokenize([it["pos"] for it in its]), normalize=True),
-                                       model.encode_text(model.tokenize([it["neg"] for it in its]), normalize=True))
+        out.update({c: checklist_accuracy(s)
+                    for c, s in checklist_scores(tiny_clip.TinyCLIPEncoder(model), x_test, items).items()})
         model.train()
         return out
 

@@ -24,6 +24,7 @@ from vlctl.data.scenes import CHECKLIST_CATEGORIES, load_checklist, load_scenes
 from vlctl.encoders import tiny_clip
 from vlctl.io import VlctlError, atomic_write_json, read_json
 from vlctl.methods.tree_tune import MODES, TreeTuner
+from vlctl.recipes.three_vl_scenes import checklist_accuracy, checklist_scores
 
 
 def stage(stages: Path, name: str) -> Path:
@@ -60,15 +61,10 @@ def main() -> None:
     tuner.fit(model, ft["images"], [lab["caption"] for lab in ft["labels"]], args.out.with_suffix(".run"),
               trees=t["trees"], negatives=t["negatives"])
     seconds = time.perf_counter() - t0
-    enc, acc = tuner.merged_, {}
-    with torch.no_grad():
-        img = enc.encode_image(tiny_clip.preprocess_batch(np.asarray(test["images"])), normalize=True)
-        for c in CHECKLIST_CATEGORIES:
-            items = load_checklist(data / "test", c)
-            i = [it["index"] for it in items]
-            p = enc.encode_text(enc.tokenize([it["pos"] for it in items]), normalize=True)
-            n = enc.encode_text(enc.tokenize([it["neg"] for it in items]), normalize=True)
-            acc[c] = 100.0 * float(((img[i] * p).sum(1) > (img[i] * n).sum(1)).float().mean())
+    items = {c: load_checklist(data / "test", c) for c in CHECKLIST_CATEGORIES}
+    x_test = tiny_clip.preprocess_batch(np.asarray(test["images"]))
+    scores = checklist_scores(tiny_clip.TinyCLIPEncoder(tuner.merged_), x_test, items)
+    acc = {c: checklist_accuracy(s) for c, s in scores.items()}
     acc["average"] = float(np.mean([acc[c] for c in CHECKLIST_CATEGORIES]))
     result = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "checklist": acc, "final_loss": tuner.result_.final_loss, "seconds": seconds}

@@ -182,6 +182,19 @@ def _cos(a, b) -> np.ndarray:
     return (a * b).sum(-1).double().numpy()
 
 
+def checklist_scores(enc, x_all, items: dict[str, list[dict]]) -> dict[str, np.ndarray]:
+    """Per category, (n, 2) [cos(image, positive), cos(image, negative)] of each checklist item;
+    `enc` an Encoder, `x_all` the preprocessed test images, `items` from `load_checklist`."""
+    img = enc.encode_images(x_all)
+    out = {}
+    for c, its in items.items():
+        idx = [it["index"] for it in its]
+        p = enc.encode_texts(enc.tokenize([it["pos"] for it in its]))
+        n = enc.encode_texts(enc.tokenize([it["neg"] for it in its]))
+        out[c] = np.stack([_cos(img[idx], p), _cos(img[idx], n)], axis=1)
+    return out
+
+
 def _one_word_diff(pos: str, neg: str) -> tuple[str, str] | None:
     a, b = pos.split(), neg.split()
     if len(a) != len(b):
@@ -227,12 +240,8 @@ def _evaluate(cfg: ThreeVLScenesRecipe, data_dir: Path, base_dir: Path, ft_dirs:
 
     t0 = time.perf_counter()
     for name, enc in encoders.items():
-        img = enc.encode_images(x_all)
-        for c in CHECKLIST_CATEGORIES:
-            idx = [it["index"] for it in items[c]]
-            p = enc.encode_texts(enc.tokenize([it["pos"] for it in items[c]]))
-            n = enc.encode_texts(enc.tokenize([it["neg"] for it in items[c]]))
-            arrays[f"scores_{name}__{c}"] = np.stack([_cos(img[idx], p), _cos(img[idx], n)], axis=1)
+        for c, scores in checklist_scores(enc, x_all, items).items():
+            arrays[f"scores_{name}__{c}"] = scores
     timings["checklist_s"] = time.perf_counter() - t0
 
     # tree_anchor_tr: Anchor-map token removal at inference, on every item.
@@ -363,7 +372,7 @@ def _swap_word(text: str, old: str, new: str) -> str:
     return " ".join(new if w == old else w for w in words)
 
 
-def _accuracy(scores: np.ndarray) -> float:
+def checklist_accuracy(scores: np.ndarray) -> float:
     """Percent of items whose positive score is strictly above the negative one."""
     return 100.0 * float((scores[:, 0] > scores[:, 1]).mean()) if len(scores) else float("nan")
 
@@ -371,14 +380,14 @@ def _accuracy(scores: np.ndarray) -> float:
 def results_from_eval(eval_dir: Path, data_dir: Path) -> dict:
     arr = np.load(eval_dir / "eval.npz")
     ev = read_json(eval_dir / "eval.json", "eval.json")
-    checklist = {c: {m: _accuracy(arr[f"scores_{m}__{c}"]) for m in MODELS} for c in CHECKLIST_CATEGORIES}
+    checklist = {c: {m: checklist_accuracy(arr[f"scores_{m}__{c}"]) for m in MODELS} for c in CHECKLIST_CATEGORIES}
     checklist["average"] = {m: float(np.mean([checklist[c][m] for c in CHECKLIST_CATEGORIES])) for m in MODELS}
     obj = load_checklist(data_dir / "test", "object")
     object_by = {}
     for key in ("object_size", "object_location"):
         for v in sorted({it[key] for it in obj}):
             rows = np.array([it[key] == v for it in obj])
-            object_by[f"{key.split('_')[1]}={v}"] = {m: _accuracy(arr[f"scores_{m}__object"][rows]) for m in MODELS}
+            object_by[f"{key.split('_')[1]}={v}"] = {m: checklist_accuracy(arr[f"scores_{m}__object"][rows]) for m in MODELS}
     return {"checklist": checklist, "checklist_object_breakdown": object_by,
             "n_items": {c: len(arr[f"scores_base__{c}"]) for c in CHECKLIST_CATEGORIES},
             "token_removal": ev["token_removal"], "deletion": ev["deletion"], "failures_by_pos": ev["failures_by_pos"],
