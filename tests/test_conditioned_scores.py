@@ -33,11 +33,12 @@ def _naive(latents, masks, decoder, b_pre, text):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("chunk", [1, 2, 3, 256, (2, 4), (5, 1)])
-def test_equals_naive(dtype, chunk):
+@pytest.mark.parametrize(("chunk", "method"), [(1, "sparse"), (2, "sparse"), (3, "sparse"), (256, "sparse"),
+                                               ((2, 4), "sparse"), ((5, 1), "sparse"), (None, "dense"), (None, "auto")])
+def test_equals_naive(dtype, chunk, method):
     args = _inputs(dtype)
     assert (args[0] != 0).sum(1).min() < K  # rows with fewer than K nonzeros are covered
-    got = conditioned_scores(*args, chunk_size=chunk)
+    got = conditioned_scores(*args, chunk_size=chunk, method=method)
     assert got.shape == (P, Q) and got.dtype == dtype
     torch.testing.assert_close(got, _naive(*args), atol=1e-5, rtol=0)
 
@@ -47,12 +48,12 @@ def test_explicit_k_larger_than_support():
     torch.testing.assert_close(conditioned_scores(*args, k=D1), _naive(*args), atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize("chunk", [2, 256])
-def test_gradients_equal_naive(chunk):
+@pytest.mark.parametrize(("chunk", "method"), [(2, "sparse"), (256, "sparse"), (None, "dense")])
+def test_gradients_equal_naive(chunk, method):
     base = _inputs(torch.float64, seed=1)
     w = torch.randn(P, Q, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     grads = []
-    for fn in (lambda *a: conditioned_scores(*a, chunk_size=chunk), _naive):
+    for fn in (lambda *a: conditioned_scores(*a, chunk_size=chunk, method=method), _naive):
         latents, masks, decoder, b_pre, text = (t.clone().requires_grad_(True) for t in base)
         (fn(latents, masks, decoder, b_pre, text) * w).sum().backward()
         # latents: only the support is compared (see conditioned_scores' docstring)

@@ -106,6 +106,12 @@ def test_scores_and_rerank_match_naive(world):
         want_order = cand[np.argsort(-want[cand, q].numpy(), kind="stable")]
         assert rr.order[:10, q].tolist() == want_order.tolist()
         assert rr.order[10:, q].tolist() == np.argsort(-base[:, q], kind="stable")[10:].tolist()
+    rr = tevi.rerank(base, x, t, k=10, direction="i2t")  # per image, its top-10 texts re-scored
+    for p in range(40):
+        cand = np.argsort(-base[p], kind="stable")[:10]
+        assert rr.order[:, p].tolist() == cand[np.argsort(-want[p, cand].numpy(), kind="stable")].tolist()
+    with pytest.raises(VlctlError, match="direction must be 't2i' or 'i2t'"):
+        tevi.rerank(base, x, t, direction="both")
 
 
 def test_save_load_and_refusals(world, tmp_path):
