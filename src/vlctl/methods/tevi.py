@@ -374,6 +374,8 @@ class TeviConfig:
                             "(Eq. 11: every image of the batch edited by every text of the batch) | both (their mean)")
     mask_init_bias: float = opt(0.0, "initial bias of the MLP's output layer: sigmoid(bias) is the initial mask value")
     mask_temperature: float = opt(1.0, "m = sigmoid(f_m(t) / temperature); < 1 makes masks closer to binary")
+    mask_floor: float = opt(0.0, "at inference, mask values below this are set to 0 (training keeps the soft mask): a "
+                            "latent kept at 0.1 still decides an argmax over its attribute's values")
     init_logit_scale: float = opt(math.log(1 / 0.07), "initial log inverse temperature of the InfoNCE (CLIP's)")
     learn_logit_scale: bool = opt(True, "train the InfoNCE temperature (at the mask's lr)")
 
@@ -382,6 +384,8 @@ class TeviConfig:
             raise VlctlError(f"conditioning must be one of {CONDITIONING}, got {self.conditioning!r}")
         if min(self.d, self.n_latents, self.hidden) < 1 or self.mask_temperature <= 0:
             raise VlctlError(f"TeviConfig: d, n_latents, hidden and mask_temperature must be positive, got {self}")
+        if not 0.0 <= self.mask_floor < 1.0:
+            raise VlctlError(f"TeviConfig.mask_floor: must be in [0, 1), got {self.mask_floor}")
 
 
 class TeviMask(nn.Module):
@@ -401,8 +405,11 @@ class TeviMask(nn.Module):
         self.logit_scale = nn.Parameter(torch.tensor(float(cfg.init_logit_scale)), requires_grad=cfg.learn_logit_scale)
 
     def forward(self, text_emb: torch.Tensor) -> torch.Tensor:
-        """(n, d) -> (n, d1)."""
-        return torch.sigmoid(self.mlp(F.normalize(text_emb, dim=-1)) / self.cfg.mask_temperature)
+        """(n, d) -> (n, d1). In eval mode, values below `mask_floor` are zeroed."""
+        m = torch.sigmoid(self.mlp(F.normalize(text_emb, dim=-1)) / self.cfg.mask_temperature)
+        if not self.training and self.cfg.mask_floor > 0:
+            m = m * (m >= self.cfg.mask_floor)
+        return m
 
     def scale(self) -> torch.Tensor:
         return self.logit_scale.clamp(0.0, math.log(100.0)).exp()
@@ -485,6 +492,7 @@ class TEVI:
         conditioning: str = "positive",
         mask_init_bias: float = 0.0,
         mask_temperature: float = 1.0,
+        mask_floor: float = 0.0,
         init_logit_scale: float = math.log(1 / 0.07),
         learn_logit_scale: bool = True,
         lr: float = 1e-3,
@@ -499,8 +507,8 @@ class TEVI:
         progress: bool = False,
     ):
         self.hidden, self.conditioning, self.mask_init_bias = hidden, conditioning, mask_init_bias
-        self.mask_temperature, self.init_logit_scale, self.learn_logit_scale = (
-            mask_temperature, init_logit_scale, learn_logit_scale)
+        self.mask_temperature, self.mask_floor, self.init_logit_scale, self.learn_logit_scale = (
+            mask_temperature, mask_floor, init_logit_scale, learn_logit_scale)
         self.lr, self.text_lr, self.epochs, self.batch_size = lr, text_lr, epochs, batch_size
         self.weight_decay, self.warmup_steps, self.seed = weight_decay, warmup_steps, seed
         self.device, self.out_dir, self.progress = device, out_dir, progress
@@ -508,7 +516,7 @@ class TEVI:
     def _config(self, d: int, n_latents: int) -> TeviConfig:
         return TeviConfig(
             d=d, n_latents=n_latents, hidden=self.hidden, conditioning=self.conditioning,
-            mask_init_bias=self.mask_init_bias, mask_temperature=self.mask_temperature,
+            mask_init_bias=self.mask_init_bias, mask_temperature=self.mask_temperature, mask_floor=self.mask_floor,
             init_logit_scale=self.init_logit_scale, learn_logit_scale=self.learn_logit_scale,
         )  # fmt: skip
 
