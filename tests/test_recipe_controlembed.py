@@ -10,7 +10,7 @@ from vlctl.data.shapes import CATEGORIES
 from vlctl.eval import metrics
 from vlctl.methods.hyper import kmeans_labels, normalize_rows
 from vlctl.recipes import RECIPES
-from vlctl.recipes.controlembed_shapes import METHODS, ControlEmbedShapesRecipe, load_preset, run
+from vlctl.recipes.controlembed_shapes import METHODS, ControlEmbedShapesRecipe, linear_probe, load_preset, run
 
 TINY = ControlEmbedShapesRecipe(n_train=400, n_test=200, epochs=1, batch_size=64, warmup_steps=1, hyper_steps=40,
                                 images_per_subclass=4, n_queries=60, threads=1)
@@ -47,6 +47,10 @@ def test_results_structure_and_recomputation(tiny_run):
     assert set(r["generalisation"]) == {"heldout_subclasses", "paraphrase"}
     assert r["generalisation"]["paraphrase"]["color"]["text"] == "hue"
     assert r["timing"]["cluster_5000_s"] > 0 and set(r["linear_probe"]) == set(CATEGORIES)
+    probe = np.load(tiny_run / "arrays" / "probe.npz")
+    for t in ("color", "count"):
+        assert linear_probe(probe["train_emb"], probe[f"train_label_{t}"], probe["test_emb"], a[f"label_{t}"]) == \
+            r["linear_probe"][t]
     for f in ("query_map.png", "cluster_acc.png", "samples.png"):
         assert (tiny_run / "figures" / f).stat().st_size > 1000
     md = (tiny_run / "report.md").read_text()

@@ -269,6 +269,8 @@ def evaluate(cfg: ControlEmbedShapesRecipe, emb_dir: Path, fit_dir: Path, data_d
                     **{f"label_{c}": y[c] for c in CATEGORIES},
                     **{f"W_{c}": affines[c][0] for c in CATEGORIES}, **{f"b_{c}": affines[c][1] for c in CATEGORIES},
                     **{f"text_{c}": emb[f"text_{c}"] for c in CATEGORIES})
+    atomic_save_npz(arrays / "probe.npz", train_emb=emb["train_emb"], test_emb=emb["test_emb"],
+                    **{f"train_label_{c}": y_train[c] for c in CATEGORIES})
     atomic_write_text(arrays / "README.md", ARRAYS_README)
     mean = {m: float(np.mean([qmap[c][m] for c in CATEGORIES])) for m in METHODS}
     return {
@@ -300,6 +302,11 @@ With g = gallery_emb, q = g[:n_queries]:
   (k-means is seeded; other scikit-learn versions may differ slightly).
 - `zero_shot_transformed[t]["ours"] = zero_shot_accuracy(g @ W_t + b_t, text_t, label_t)`.
 - composition "a+b": labels label_a * 100 + label_b, query 0.5 (q W_a + b_a) + 0.5 (q W_b + b_b).
+
+`probe.npz` recomputes `linear_probe[t]`: `train_emb` and `test_emb` are the frozen (unnormalised)
+embeddings, `train_label_t` the training labels (test labels: `label_t` above), and
+`linear_probe[t] = 100 * mean(LogisticRegression(max_iter=2000, C=10).fit(train_emb,
+train_label_t).predict(test_emb) == label_t)` (scikit-learn, lbfgs).
 """
 
 
