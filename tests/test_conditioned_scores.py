@@ -125,3 +125,17 @@ def test_pair_method_follows_the_multiply_add_counts():
     assert pair_method(100, 100, 1, d, d1, k) == "direct"  # one query's candidates
     assert pair_method(100 * 25000, 5000, 25000, d, d1, k) == "embed"  # rerank depth 100 < ~170
     assert pair_method(1000 * 25000, 5000, 25000, d, d1, k) == "gram"  # depth 1000: u_q pays off
+
+
+def test_dense_path_in_several_blocks():
+    # d1 = 1100 makes the dense path's blocks 3 rows long: images and texts both span several.
+    g = torch.Generator().manual_seed(4)
+    d1 = 1100
+    pre = torch.randn(P, d1, generator=g, dtype=torch.float64)
+    top = pre.topk(K, dim=1)
+    latents = torch.zeros_like(pre).scatter(1, top.indices, top.values.relu())
+    masks = torch.rand(Q, d1, generator=g, dtype=torch.float64)
+    decoder = torch.nn.functional.normalize(torch.randn(d1, D, generator=g, dtype=torch.float64), dim=1)
+    b_pre, text = torch.randn(D, generator=g, dtype=torch.float64), torch.randn(Q, D, generator=g, dtype=torch.float64)
+    args = (latents, masks, decoder, b_pre, text)
+    torch.testing.assert_close(conditioned_scores(*args, method="dense"), _naive(*args), atol=1e-10, rtol=0)

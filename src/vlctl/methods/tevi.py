@@ -71,8 +71,8 @@ def conditioned_scores(
 
     method: "sparse" is the above. "dense" writes the quadratic form over all d1 latents as one
     GEMM, ||W_D^T y||² = vec(z_p z_p^T ⊙ G) · vec(m_q m_q^T): P·Q·d1² multiply-adds with no
-    gathers, the fast way for a small dictionary (a CG-SAE's few dozen concept latents), memory
-    O((P + Q)·d1²). "auto" takes "dense" when d1 <= 4K.
+    gathers, the fast way for a small dictionary (a CG-SAE's few dozen concept latents), in
+    blocks of about 2^22 elements. "auto" takes "dense" when d1 <= min(4K, 64).
     """
     if method not in ("auto", "sparse", "dense"):
         raise ValueError(f"method must be 'auto', 'sparse' or 'dense', got {method!r}")
@@ -89,18 +89,23 @@ def conditioned_scores(
         k = int((latents != 0).sum(1).max()) if P else 0
     k = max(1, min(k, latents.shape[1]))
     d1 = latents.shape[1]
-    if method == "dense" or (method == "auto" and d1 <= 4 * k):
+    if method == "dense" or (method == "auto" and d1 <= min(4 * k, 64)):
         gram = decoder @ decoder.T  # (d1, d1)
         wb = decoder @ b_pre  # (d1,)
-        mm = (masks[:, :, None] * masks[:, None, :]).reshape(Q, d1 * d1)  # (Q, d1²): vec(m_q m_q^T)
         mu = masks * u_t.T  # (Q, d1): m_q ⊙ u_q
+        c = max(1, (1 << 22) // (d1 * d1))  # rows per chunk: each (c, d1²) block stays near 2^22 elements
         rows = []
-        for i0 in range(0, P, 4096):
-            z = latents[i0 : i0 + 4096]
+        for i0 in range(0, P, c):
+            z = latents[i0 : i0 + c]
             zz = (z[:, :, None] * z[:, None, :] * gram).reshape(len(z), d1 * d1)  # vec(z_p z_p^T ⊙ G)
-            num = z @ mu.T + tb  # (c, Q)
-            sq = zz @ mm.T + 2 * (z * wb) @ masks.T + b_pre @ b_pre
-            rows.append(num / sq.clamp_min(1e-24).sqrt())
+            cols = []
+            for j0 in range(0, Q, c):
+                m = masks[j0 : j0 + c]
+                mm = (m[:, :, None] * m[:, None, :]).reshape(len(m), d1 * d1)  # vec(m_q m_q^T)
+                num = z @ mu[j0 : j0 + c].T + tb[j0 : j0 + c]  # (c, m)
+                sq = zz @ mm.T + 2 * (z * wb) @ m.T + b_pre @ b_pre
+                cols.append(num / sq.clamp_min(1e-24).sqrt())
+            rows.append(torch.cat(cols, dim=1) if cols else tb.new_zeros((len(z), 0)))
         return torch.cat(rows, dim=0) if rows else tb.new_zeros((0, Q))
     if chunk_size is None:
         chunk_size = (max(1, (1 << 20) // (k * 512)), 512)
