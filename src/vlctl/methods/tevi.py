@@ -78,43 +78,44 @@ def conditioned_scores(
         raise ValueError(f"method must be 'auto', 'sparse' or 'dense', got {method!r}")
     P, Q = latents.shape[0], masks.shape[0]
     t_hat = text_emb / text_emb.norm(dim=1, keepdim=True).clamp_min(1e-12)  # (Q, d)
-    # u and the masks transposed to (d1, Q): a chunk's gather then reads contiguous runs of texts.
+    # u (and, on the sparse path, the masks) transposed to (d1, Q): a chunk's gather then reads
+    # contiguous runs of texts.
     u_t = (decoder @ t_hat.T).contiguous()  # (d1, Q): column q is u_q = W_D t̂_q
-    masks_t = masks.T.contiguous()  # (d1, Q)
     tb = t_hat @ b_pre  # (Q,): b_pre · t̂_q
-
-    # Support of each code: K indices and values; rows with fewer nonzeros are padded with
-    # index 0 and value 0, which adds nothing to any term below.
+    wb = decoder @ b_pre  # (d1,): W_D b
+    bb = b_pre @ b_pre  # ()
     if k is None:
         k = int((latents != 0).sum(1).max()) if P else 0
     k = max(1, min(k, latents.shape[1]))
     d1 = latents.shape[1]
     if method == "dense" or (method == "auto" and d1 <= min(4 * k, 64)):
         gram = decoder @ decoder.T  # (d1, d1)
-        wb = decoder @ b_pre  # (d1,)
         mu = masks * u_t.T  # (Q, d1): m_q ⊙ u_q
         c = max(1, (1 << 22) // (d1 * d1))  # rows per chunk: each (c, d1²) block stays near 2^22 elements
         rows = []
         for i0 in range(0, P, c):
             z = latents[i0 : i0 + c]
             zz = (z[:, :, None] * z[:, None, :] * gram).reshape(len(z), d1 * d1)  # vec(z_p z_p^T ⊙ G)
+            zwb = 2 * z * wb  # (c, d1): the cross term's image side
             cols = []
             for j0 in range(0, Q, c):
                 m = masks[j0 : j0 + c]
                 mm = (m[:, :, None] * m[:, None, :]).reshape(len(m), d1 * d1)  # vec(m_q m_q^T)
                 num = z @ mu[j0 : j0 + c].T + tb[j0 : j0 + c]  # (c, m)
-                sq = zz @ mm.T + 2 * (z * wb) @ m.T + b_pre @ b_pre
+                sq = zz @ mm.T + zwb @ m.T + bb
                 cols.append(num / sq.clamp_min(1e-24).sqrt())
             rows.append(torch.cat(cols, dim=1) if cols else tb.new_zeros((len(z), 0)))
         return torch.cat(rows, dim=0) if rows else tb.new_zeros((0, Q))
+
+    masks_t = masks.T.contiguous()  # (d1, Q)
     if chunk_size is None:
         chunk_size = (max(1, (1 << 20) // (k * 512)), 512)
     c_img, c_txt = (chunk_size, chunk_size) if isinstance(chunk_size, int) else chunk_size
+    # Support of each code: K indices and values; rows with fewer nonzeros are padded with
+    # index 0 and value 0, which adds nothing to any term below.
     idx = latents.detach().abs().topk(k, dim=1).indices  # (P, K)
     vals = latents.gather(1, idx)  # (P, K), differentiable in latents
     idx = torch.where(vals.detach() != 0, idx, torch.zeros_like(idx))
-    wb = decoder @ b_pre  # (d1,): W_D b
-    bb = b_pre @ b_pre  # ()
 
     rows = []
     for i0 in range(0, P, c_img):

@@ -118,8 +118,8 @@ def _fit_tevi(cfg: TeviMadRecipe, sae_dir: Path, train: dict, work: Path) -> Non
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     sae = SparseAutoencoder.load(sae_dir)
     tevi = TEVI(hidden=cfg.mask_hidden, conditioning=cfg.conditioning, mask_temperature=cfg.mask_temperature,
-                mask_floor=cfg.mask_floor, lr=cfg.mask_lr, epochs=cfg.mask_epochs, batch_size=cfg.mask_batch_size, seed=cfg.seed,
-                out_dir=work / "run")
+                mask_floor=cfg.mask_floor, lr=cfg.mask_lr, epochs=cfg.mask_epochs, batch_size=cfg.mask_batch_size,
+                seed=cfg.seed, out_dir=work / "run")
     tevi.fit(sae, train["image_emb"], train["text_emb"])
     tevi.save(work / "tevi")
 
