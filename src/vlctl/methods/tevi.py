@@ -264,28 +264,33 @@ def pair_scores(
     img_starts = torch.searchsorted(pi[by_image], torch.arange(len(images) + 1)).tolist()
     c_txt = max(1, text_chunk)
     if method == "embed":
-        # y is stored in image order, so pass 2 reads each image's rows as one contiguous slice.
-        dest = torch.empty_like(by_image)
-        dest[by_image] = torch.arange(n_pairs)
+        # Pass 1 gathers the raw mask entries m_q[S_p] only: z_p is folded into the image's decoder
+        # rows in pass 2 (K x d once per image instead of n x K products here).
         m_flat = masks.reshape(-1)
         # int32 offsets when they fit: index_select then moves half the index bytes (measured
         # 3x faster than int64 advanced indexing on a 25k x 16k mask).
         off_type = torch.int32 if m_flat.numel() < 2**31 else torch.int64
         idx_off, row_off = idx.to(off_type), texts.to(off_type) * d1
-        y = torch.empty(n_pairs, k, dtype=latents.dtype)
+        g = torch.empty(n_pairs, k, dtype=latents.dtype)  # row r: pair by_text[r]
         for j0 in range(0, len(texts), c_txt):
-            rows = by_text[text_starts[j0] : text_starts[min(j0 + c_txt, len(texts))]]
-            p = pi[rows]
-            flat = row_off[qi[rows]][:, None] + idx_off[p]  # (n, K) offsets into m
-            got = m_flat.index_select(0, flat.view(-1)).view(len(rows), k)
-            y.index_copy_(0, dest[rows], vals[p] * got)
-        # e_{p|q} = y W_D[S_p] + b_pre: one (n_p, K) x (K, d) GEMM per image, then cos(e, t̂_q).
+            r0, r1 = text_starts[j0], text_starts[min(j0 + c_txt, len(texts))]
+            rows = by_text[r0:r1]
+            flat = row_off[qi[rows]][:, None] + idx_off[pi[rows]]  # (n, K) offsets into m
+            torch.index_select(m_flat, 0, flat.view(-1), out=g[r0:r1].view(-1))
+        # e_{p|q} = m_q[S_p] (diag(z_p[S_p]) W_D[S_p]) + b_pre: one (n_p, K) x (K, d) GEMM per image,
+        # then cos(e, t̂_q). index_select and vecdot: measured 5x and 3x faster than advanced
+        # indexing and cosine_similarity at these sizes.
+        pos_of_pair = torch.empty_like(by_text)
+        pos_of_pair[by_text] = torch.arange(n_pairs)
+        pos = pos_of_pair[by_image]  # rows of g, image by image
         t_used, q_img = t_hat[texts], qi[by_image]
-        score = torch.empty(n_pairs, dtype=latents.dtype)
+        score = torch.empty(n_pairs, dtype=latents.dtype)  # image order
         for i in range(len(images)):
             s0, s1 = img_starts[i], img_starts[i + 1]
-            e = torch.addmm(b_pre, y[s0:s1], decoder[idx[i]])  # (n_i, d)
-            score[s0:s1] = (e * t_used[q_img[s0:s1]]).sum(1) / torch.linalg.vector_norm(e, dim=1).clamp_min(1e-12)
+            dec = decoder.index_select(0, idx[i]).mul_(vals[i][:, None])  # (K, d)
+            e = torch.addmm(b_pre, g.index_select(0, pos[s0:s1]), dec)  # (n_i, d)
+            num = torch.linalg.vecdot(e, t_used.index_select(0, q_img[s0:s1]))
+            score[s0:s1] = num / torch.linalg.vector_norm(e, dim=1).clamp_min(1e-12)
         out = torch.empty(n_pairs, dtype=latents.dtype)
         out[by_image] = score
         return out
