@@ -23,7 +23,6 @@ mad-clip). --tevi picks one TEVI when the cache holds several (e.g. runs with ot
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
