@@ -123,8 +123,11 @@ def test_pair_method_follows_the_multiply_add_counts():
 
     d, d1, k = 512, 16384, 128
     assert pair_method(100, 100, 1, d, d1, k) == "direct"  # one query's candidates
-    assert pair_method(100 * 25000, 5000, 25000, d, d1, k) == "embed"  # rerank depth 100 < ~170
+    assert pair_method(100 * 25000, 5000, 25000, d, d1, k) == "embed"  # rerank depth 100 < ~370
     assert pair_method(1000 * 25000, 5000, 25000, d, d1, k) == "gram"  # depth 1000: u_q pays off
+    assert pair_method(350 * 25000, 5000, 25000, d, d1, k) == "embed"  # below the 1.5x margin
+    assert pair_method(400 * 25000, 5000, 25000, d, d1, k) == "gram"
+    assert pair_method(100 * 10000, 10000, 10000, 18, 26, 8) == "direct"  # a CG-SAE's tiny rows
 
 
 def test_dense_path_in_several_blocks():

@@ -193,12 +193,14 @@ PAIR_METHODS = ("auto", "direct", "embed", "gram")
 
 def pair_method(n_pairs: int, n_images: int, n_texts: int, d: int, d1: int, k: int) -> str:
     """The `pair_scores` method "auto" picks for n_pairs pairs over n_images images and n_texts
-    texts: "direct" below 8 pairs per image, else the one of "embed" (n·K·d multiply-adds) and
-    "gram" (Q'·d·d1 + P'·K²·d + n·K²) with fewer multiply-adds."""
-    if n_pairs < 8 * n_images:
+    texts: "direct" below 8 pairs per image or when an image's K decoder rows are tiny (K·d <= 256,
+    e.g. a CG-SAE: the per-image loop then costs more than the arithmetic), else "gram" only when
+    its multiply-adds (Q'·d·d1 + P'·K²·d + n·K²) are under 2/3 of "embed"'s (n·K·d): its passes run
+    1.3x (5k x 25k, d1=16384, K=128) to 2.3x (10k x 10k, d1=256, K=12) slower per multiply-add."""
+    if n_pairs < 8 * n_images or k * d <= 256:
         return "direct"
     gram_cost = n_texts * d * d1 + n_images * k * k * d + n_pairs * k * k
-    return "gram" if gram_cost < n_pairs * k * d else "embed"
+    return "gram" if 1.5 * gram_cost < n_pairs * k * d else "embed"
 
 
 def pair_scores(
@@ -225,8 +227,8 @@ def pair_scores(
                 and its pairs' edited embeddings come out of one (n_p, K) x (K, d) GEMM.
       "gram":   u_q = W_D t̂_q once per text, the K x K Gram block W_D[S_p] W_D[S_p]^T once per
                 image, one K x K quadratic form per pair: Q'·d·d1 + P'·K²·d + n·K². Cheaper than
-                "embed" only when each text has many pairs (rerank depth > d·d1 / (K·(d - K)),
-                about 170 at d=512, d1=16384, K=128).
+                "embed" only when each text has many pairs (rerank depth above ~370 at d=512,
+                d1=16384, K=128, see `pair_method`).
     Extra memory O(n·K + text_chunk·d1 + K·d) besides the inputs ("direct": pair_chunk·K·d).
     """
     if method not in PAIR_METHODS:
