@@ -265,6 +265,10 @@ def pair_scores(
     by_image = torch.argsort(pi, stable=True)
     img_starts = torch.searchsorted(pi[by_image], torch.arange(len(images) + 1)).tolist()
     c_txt = max(1, text_chunk)
+    # Pass 1 writes its rows in text order; pass 2 reads row pos[j] for the j-th pair in image order.
+    pos_of_pair = torch.empty_like(by_text)
+    pos_of_pair[by_text] = torch.arange(n_pairs)
+    pos = pos_of_pair[by_image]
     if method == "embed":
         # Pass 1 gathers the raw mask entries m_q[S_p] only: z_p is folded into the image's decoder
         # rows in pass 2 (K x d once per image instead of n x K products here).
@@ -282,9 +286,6 @@ def pair_scores(
         # e_{p|q} = m_q[S_p] (diag(z_p[S_p]) W_D[S_p]) + b_pre: one (n_p, K) x (K, d) GEMM per image,
         # then cos(e, t̂_q). index_select and vecdot: measured 5x and 3x faster than advanced
         # indexing and cosine_similarity at these sizes.
-        pos_of_pair = torch.empty_like(by_text)
-        pos_of_pair[by_text] = torch.arange(n_pairs)
-        pos = pos_of_pair[by_image]  # rows of g, image by image
         t_used, q_img = t_hat[texts], qi[by_image]
         score = torch.empty(n_pairs, dtype=latents.dtype)  # image order
         for i in range(len(images)):
@@ -320,9 +321,6 @@ def pair_scores(
         torch.mul(v, got[..., 0], out=y[r0:r1])
         num[r0:r1] = (v * got[..., 1]).sum(1) + tb[qi[rows]]
     # ||e_{p|q}||² = y^T G_p y + 2 y·(W_D b)[S_p] + ||b||², G_p = W_D[S_p] W_D[S_p]^T once per image.
-    pos_of_pair = torch.empty_like(by_text)
-    pos_of_pair[by_text] = torch.arange(n_pairs)
-    pos = pos_of_pair[by_image]  # rows of y, image by image
     sq = torch.empty(n_pairs, dtype=latents.dtype)  # in y's row order
     wb_all = decoder @ b_pre  # (d1,)
     bb = b_pre @ b_pre
