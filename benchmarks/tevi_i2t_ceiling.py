@@ -33,13 +33,7 @@ from vlctl.io import atomic_write_json
 from vlctl.methods.sae import SparseAutoencoder
 from vlctl.methods.tevi import TEVI, conditioned_scores
 from vlctl.recipes import mad_clip, tevi_mad
-
-
-def _one(stages: Path, prefix: str) -> Path:
-    found = [p for p in sorted(stages.glob(f"{prefix}-*")) if len(p.name) == len(prefix) + 13]  # prefix-<12 hex>
-    if len(found) != 1:
-        raise SystemExit(f"{stages}: expected one {prefix}-* stage, found {[p.name for p in found]}")
-    return found[0]
+from vlctl.recipes.runner import find_stage
 
 
 def recall_at_1(scores: np.ndarray, relevant: np.ndarray) -> dict[str, float]:
@@ -59,12 +53,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the table as JSON here")
     args = ap.parse_args()
 
-    test = dict(np.load(_one(args.stages, "embed") / "embeddings.npz"))
-    train = dict(np.load(_one(args.stages, "embed-train") / "embeddings.npz"))
-    labels = load_mad(_one(args.stages, "data") / "test")["labels"]
+    test = dict(np.load(find_stage(args.stages, "embed") / "embeddings.npz"))
+    train = dict(np.load(find_stage(args.stages, "embed-train") / "embeddings.npz"))
+    labels = load_mad(find_stage(args.stages, "data") / "test")["labels"]
     img_vals, cap_vals = mad_clip.image_values(labels), mad_clip.caption_values(labels)
     relevant = mad_clip.caption_relevance(img_vals, cap_vals)
-    tevi = TEVI.load(args.tevi or _one(args.stages, "tevi-cg") / "tevi")
+    tevi = TEVI.load(args.tevi or find_stage(args.stages, "tevi-cg") / "tevi")
     cg = tevi.sae_.model_
     x, t = torch.as_tensor(test["image_emb"]), torch.as_tensor(test["text_emb"])
     x_cal = torch.as_tensor(train["image_emb"][: args.calibration_images])

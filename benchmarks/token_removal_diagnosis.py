@@ -27,16 +27,10 @@ from vlctl.data.scenes import CHECKLIST_CATEGORIES, load_checklist, load_scenes
 from vlctl.encoders import tiny_clip
 from vlctl.io import atomic_write_json
 from vlctl.methods import relevancy as rel
+from vlctl.recipes.runner import find_stage
 
 FRACTIONS = (0.3, 0.5, 0.65)
 STAGE_OF = {"base": "base", "tree": "finetune_tree"}
-
-
-def _stage(stages: Path, name: str) -> Path:
-    found = [p for p in sorted(stages.glob(f"{name}-*")) if len(p.name) == len(name) + 13]  # name-<12 hex>
-    if len(found) != 1:
-        raise SystemExit(f"{stages}: expected one {name}-* stage, found {[p.name for p in found]}")
-    return found[0]
 
 
 def _stats(e: torch.Tensor, tp: torch.Tensor, tn: torch.Tensor) -> dict[str, float]:
@@ -56,13 +50,13 @@ def main() -> None:
     args = ap.parse_args()
     stages = args.stages or args.run / "stages"
     saved = np.load(args.run / "arrays" / "token_removal.npz")
-    data = _stage(stages, "data")
+    data = find_stage(stages, "data")
     test = load_scenes(data / "test")
     by_cat = {c: {it["index"]: it for it in load_checklist(data / "test", c)} for c in CHECKLIST_CATEGORIES}
     sub = [by_cat[str(c)][int(i)] for c, i in zip(saved["relevancy_item_category"], saved["relevancy_item_index"])]
     out: dict = {"run": str(args.run), "items": len(sub), "fractions": list(FRACTIONS)}
     for model, stage in STAGE_OF.items():
-        enc = tiny_clip.load_encoder(_stage(stages, stage) / "model")
+        enc = tiny_clip.load_encoder(find_stage(stages, stage) / "model")
         x = enc.preprocess_batch(np.asarray(test["images"]))[[it["index"] for it in sub]]
         tp = enc.encode_texts(enc.tokenize([it["pos"] for it in sub])).float()
         tn = enc.encode_texts(enc.tokenize([it["neg"] for it in sub])).float()

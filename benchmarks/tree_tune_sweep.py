@@ -22,16 +22,10 @@ import torch
 
 from vlctl.data.scenes import CHECKLIST_CATEGORIES, load_checklist, load_scenes
 from vlctl.encoders import tiny_clip
-from vlctl.io import VlctlError, atomic_write_json, read_json
+from vlctl.io import atomic_write_json, read_json
 from vlctl.methods.tree_tune import MODES, TreeTuner
+from vlctl.recipes.runner import find_stage
 from vlctl.recipes.three_vl_scenes import checklist_accuracy, checklist_scores
-
-
-def stage(stages: Path, name: str) -> Path:
-    found = sorted(p for p in stages.glob(f"{name}-*") if (p / "done.json").is_file())
-    if len(found) != 1:
-        raise VlctlError(f"{stages}: expected one finished {name!r} stage, found {len(found)}")
-    return found[0]
 
 
 def main() -> None:
@@ -49,7 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    data, base, trees = stage(args.stages, "data"), stage(args.stages, "base"), stage(args.stages, "trees")
+    data, base, trees = (find_stage(args.stages, n) for n in ("data", "base", "trees"))
     ft, test = load_scenes(data / "finetune"), load_scenes(data / "test")
     t = read_json(trees / "trees.json", "trees")
     model = tiny_clip.load_pretrained(base / "model")

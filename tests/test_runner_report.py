@@ -1,5 +1,7 @@
-from vlctl.io import read_json
-from vlctl.recipes.runner import Runner
+import pytest
+
+from vlctl.io import VlctlError, read_json
+from vlctl.recipes.runner import Runner, find_stage
 from vlctl.report import Report
 
 
@@ -19,6 +21,19 @@ def test_stage_is_cached_by_key(tmp_path):
     Runner(tmp_path, force=True).stage("s", {"x": 1}, work)
     assert len(calls) == 3
     assert read_json(a / "done.json", "marker")["key"] == {"x": 1}
+
+
+def test_find_stage_takes_the_one_finished_stage_of_that_name(tmp_path):
+    r = Runner(tmp_path)
+    embed = r.stage("embed", {"x": 1}, lambda d: None)
+    r.stage("embed-train", {"x": 1}, lambda d: None)  # a longer name with the same prefix
+    (tmp_path / "stages" / "embed-0123456789ab.partial").mkdir()  # unfinished
+    assert find_stage(tmp_path / "stages", "embed") == embed
+    with pytest.raises(VlctlError, match="'data'"):
+        find_stage(tmp_path / "stages", "data")
+    r.stage("embed", {"x": 2}, lambda d: None)  # another config's stage beside it
+    with pytest.raises(VlctlError, match="expected one finished 'embed' stage"):
+        find_stage(tmp_path / "stages", "embed")
 
 
 def test_failed_stage_is_not_marked_done_and_resumable_stage_resumes(tmp_path):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlctl.io import atomic_write_json, read_json, sha256_json
+from vlctl.io import VlctlError, atomic_write_json, read_json, sha256_json
 
 
 class Runner:
@@ -52,3 +52,15 @@ class Runner:
         os.replace(partial, final)
         self.timings[name] = {"seconds": seconds, "cached": False}
         return final
+
+
+def find_stage(stages: str | Path, name: str) -> Path:
+    """The one finished `name` stage in a stage directory (`STAGES/<name>-<12 hex>/` with
+    `done.json`), for scripts that reuse a recipe's stages without knowing its keys. Refuses zero
+    or several (another config's stage beside it): say which one with an explicit path instead."""
+    stages = Path(stages)
+    found = [p for p in sorted(stages.glob(f"{name}-*"))
+             if len(p.name) == len(name) + 13 and (p / "done.json").is_file()]  # not "<name>-train-..."
+    if len(found) != 1:
+        raise VlctlError(f"{stages}: expected one finished {name!r} stage, found {[p.name for p in found]}")
+    return found[0]
