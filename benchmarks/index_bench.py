@@ -132,7 +132,7 @@ def extract_bench(n_images: int, batch_size: int, workers: int, model: str, work
     from PIL import Image
 
     from vlctl.encoders import create
-    from vlctl.index.extract import ExtractConfig, embed_image_files
+    from vlctl.embeddings.extract import ExtractConfig, embed_image_files
 
     rng = np.random.default_rng(0)
     paths = []

@@ -155,7 +155,7 @@ def bench_tevi_rerank(n_images: int = 5000, per_image: int = 5, d: int = 512, d1
 def bench_tevi_gallery_rerank(n: int = 100_000, d: int = 512, d1: int = 16384, k: int = 128, queries: int = 30) -> dict:
     """One text query at a time against an n x d flat gallery, TEVI rerank of the top 100
     (random SAE/mask weights): per-query latency, search + rerank."""
-    from vlctl.index.gallery import create_gallery
+    from vlctl.embeddings.store import create_gallery
     from vlctl.methods.sae import SparseAutoencoder, TopKSAE, TopKSAEConfig
     from vlctl.methods.tevi import TEVI, TeviConfig, TeviMask
 

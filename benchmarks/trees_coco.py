@@ -141,7 +141,7 @@ def _diff_words(p: str, n: str) -> tuple[list[str], list[str]]:
 
 def study_anchor(files: list[Path]) -> dict:
     from vlctl.io import VlctlError
-    from vlctl.methods.trees import anchor_text
+    from vlctl.methods.anchor import anchor_text
 
     out = {}
     for path in files:
@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     import nltk
 
     from vlctl.io import atomic_write_json
-    from vlctl.methods.trees import GENERATOR_VERSION, _nlp_id
+    from vlctl.methods.negatives import _nlp_id
+    from vlctl.methods.trees import GENERATOR_VERSION
 
     result = {
         "command": "OMP_NUM_THREADS=1 python benchmarks/trees_coco.py" + (f" --limit {args.limit}" if args.limit else ""),

@@ -1,4 +1,4 @@
-"""Tests for vlctl.data.cache with a small real encoder (random-initialised torch modules)."""
+"""Tests for vlctl.embeddings.cache with a small real encoder (random-initialised torch modules)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from vlctl.data.cache import EmbeddingCache, cache_key, embed, open_cache
+from vlctl.embeddings.cache import EmbeddingCache, cache_key, embed, open_cache
 from vlctl.encoders.base import Encoder
 from vlctl.io import VlctlError, sha256_json
 
@@ -124,13 +124,19 @@ def test_embed_matches_direct_encoder_calls(tmp_path):
     # 10 images in batches of 3 -> 4 encoder calls; 7 texts -> 3.
     assert enc.calls["encode_images"] == 4 and enc.calls["encode_texts"] == 3
 
-    meta = json.loads((cache.path / "meta.json").read_text())
-    assert meta["encoder_id"] == enc.id and meta["data_id"] == "toy-v1" and meta["preprocess_id"] == "default"
+    manifest = json.loads((cache.path / "manifest.json").read_text())
+    meta = manifest["info"]
+    assert manifest["encoder_id"] == enc.id and meta["data_id"] == "toy-v1" and meta["preprocess_id"] == "default"
     assert meta["key"] == cache.path.name
-    assert (meta["n_images"], meta["n_texts"], meta["dim"], meta["dtype"]) == (10, 7, 8, "float32")
+    assert (meta["n_images"], meta["n_texts"], manifest["dim"]) == (10, 7, 8)
+    assert (manifest["count"], manifest["texts"]["count"], manifest["index"]["file"]) == (10, 7, None)
     assert meta["texts_sha256"] == sha256_json(TEXTS)
-    assert meta["created"]
-    assert json.loads((cache.path / "texts.json").read_text()) == TEXTS
+    assert manifest["created"]
+    rows = (cache.path / "txtmeta-00000.jsonl").read_text().splitlines()
+    assert [json.loads(r)["text"] for r in rows] == TEXTS
+    assert sorted(os.listdir(cache.path)) == [
+        "emb-00000.npy", "manifest.json", "meta-00000.jsonl", "txt-00000.npy", "txtmeta-00000.jsonl"
+    ]  # fmt: skip
     assert sorted(os.listdir(tmp_path)) == [cache.path.name]  # no temporary leftovers
 
 
@@ -179,7 +185,7 @@ def test_open_with_another_encoder_is_refused(tmp_path):
     with pytest.raises(VlctlError) as e:
         open_cache(cache.path, encoder_id="other-model@abc123")
     msg = str(e.value)
-    assert "tiny-linear@seed0" in msg and "other-model@abc123" in msg and str(cache.path / "meta.json") in msg
+    assert "tiny-linear@seed0" in msg and "other-model@abc123" in msg and str(cache.path / "manifest.json") in msg
     assert "encoder" in msg
 
 
@@ -207,7 +213,7 @@ def test_crash_while_extending_keeps_the_old_cache(tmp_path):
 
 def test_missing_modality_is_added_without_recomputing_the_other(tmp_path):
     first = embed(TinyEncoder(), texts=TEXTS, data_id="toy", root=tmp_path, progress=False)
-    assert first.image_emb is None and first.meta["n_images"] is None
+    assert first.image_emb is None and first.info["n_images"] is None
     enc = TinyEncoder()
     images = make_images(4)
     both = embed(enc, images=images, data_id="toy", root=tmp_path, progress=False)
@@ -227,14 +233,14 @@ def test_same_key_with_other_data_is_refused(tmp_path):
 
 def test_corrupt_meta_is_refused_naming_the_file(tmp_path):
     cache = embed(TinyEncoder(), images=make_images(3), texts=TEXTS, data_id="toy", root=tmp_path, progress=False)
-    meta_path = cache.path / "meta.json"
+    meta_path = cache.path / "manifest.json"
     meta_path.write_text('{"encoder_id": "tiny-linear@seed0", "n_ima')
     with pytest.raises(VlctlError, match="corrupt") as e:
         open_cache(cache.path)
     assert str(meta_path) in str(e.value)
     # embed must not treat a corrupt cache as a hit, nor silently overwrite it.
     enc = TinyEncoder()
-    with pytest.raises(VlctlError, match="meta.json"):
+    with pytest.raises(VlctlError, match="manifest.json"):
         embed(enc, images=make_images(3), texts=TEXTS, data_id="toy", root=tmp_path, progress=False)
     assert sum(enc.calls.values()) == 0
 
@@ -246,35 +252,58 @@ def test_corrupt_meta_is_refused_naming_the_file(tmp_path):
 
 def test_bad_arrays_are_refused_naming_the_file(tmp_path):
     cache = embed(TinyEncoder(), images=make_images(3), texts=TEXTS, data_id="toy", root=tmp_path, progress=False)
-    meta_path = cache.path / "meta.json"
+    meta_path = cache.path / "manifest.json"
     meta = json.loads(meta_path.read_text())
 
-    # Shape disagrees with meta.
-    meta_path.write_text(json.dumps({**meta, "n_images": 4}))
-    with pytest.raises(VlctlError, match="image_emb.npy") as e:
+    # Shape disagrees with the manifest.
+    wrong = json.loads(json.dumps(meta))
+    wrong["count"] = wrong["shards"][0]["rows"] = 4
+    meta_path.write_text(json.dumps(wrong))
+    with pytest.raises(VlctlError, match="emb-00000.npy") as e:
         open_cache(cache.path)
-    assert "n_images=4" in str(e.value)
+    assert "(4, 8)" in str(e.value)
     meta_path.write_text(json.dumps(meta))
 
     # Truncated array file.
-    img_file = cache.path / "image_emb.npy"
+    img_file = cache.path / "emb-00000.npy"
     img_file.write_bytes(img_file.read_bytes()[:40])
-    with pytest.raises(VlctlError, match="image_emb.npy"):
+    with pytest.raises(VlctlError, match="emb-00000.npy"):
         open_cache(cache.path)
 
     # Missing array file.
     img_file.unlink()
-    with pytest.raises(VlctlError, match="image_emb.npy.*not found"):
+    with pytest.raises(VlctlError, match="emb-00000.npy.*missing"):
         open_cache(cache.path)
 
-    # texts.json edited behind the cache's back.
+    # The texts edited behind the cache's back (same byte count, so only the hash can tell).
     cache = embed(TinyEncoder(), texts=TEXTS, data_id="toy2", root=tmp_path, progress=False)
-    (cache.path / "texts.json").write_text(json.dumps(["edited"] * len(TEXTS)))
-    with pytest.raises(VlctlError, match="texts.json.*texts_sha256"):
+    rows = cache.path / "txtmeta-00000.jsonl"
+    rows.write_text(rows.read_text().replace("a", "b"))
+    with pytest.raises(VlctlError, match="texts_sha256"):
         open_cache(cache.path)
 
     with pytest.raises(VlctlError, match="not found"):
         open_cache(tmp_path / "nope")
+
+
+def test_cache_of_vlctl_0_1_is_refused_with_how_to_convert(tmp_path):
+    from vlctl.embeddings.cache import convert_cache
+
+    old = tmp_path / "old"
+    old.mkdir()
+    emb = np.eye(3, 8, dtype=np.float32)
+    np.save(old / "image_emb.npy", emb)
+    np.save(old / "text_emb.npy", emb[:2])
+    (old / "texts.json").write_text(json.dumps(["a", "b"]))
+    (old / "meta.json").write_text(json.dumps({"format_version": 1, "encoder_id": "enc@1", "data_id": "d",
+                                               "preprocess_id": "default", "key": "k", "n_images": 3,
+                                               "n_texts": 2, "dim": 8, "dtype": "float32"}))
+    with pytest.raises(VlctlError, match="vlctl 0.1.*convert"):
+        open_cache(old)
+    new = convert_cache(old, tmp_path / "new")
+    np.testing.assert_array_equal(new.image_emb, emb)
+    assert new.texts == ["a", "b"] and new.encoder_id == "enc@1"
+    np.testing.assert_array_equal(open_cache(tmp_path / "new").text_emb, emb[:2])
 
 
 def test_memmap_images_are_read_in_batches(tmp_path):

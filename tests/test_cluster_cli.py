@@ -12,7 +12,7 @@ from PIL import Image
 
 from vlctl.cli import main
 from vlctl.encoders import create_model, save_pretrained
-from vlctl.index.gallery import open_gallery
+from vlctl.embeddings.store import open_gallery
 from vlctl.io import VlctlError
 from vlctl.methods.hyper import ControlEmbed, normalize_rows
 from vlctl.report.contact_sheet import write_contact_sheet
@@ -195,7 +195,7 @@ def test_cluster_refuses_a_model_of_another_encoder_and_bad_input(indexed, tmp_p
 
 def test_cluster_embedding_cache_with_its_dataset_images(tmp_path, capsys):
     """The synthetic sets: an embedding cache (vlctl embed) + --data for the images (its memmap)."""
-    from vlctl.data.cache import embed
+    from vlctl.embeddings.cache import embed
     from vlctl.data.mad import load_mad, mad_dataset_id
     from vlctl.data.shapes import ShapesConfig, generate_shapes
     from vlctl.encoders import TinyCLIPEncoder

@@ -86,7 +86,9 @@ def oc_vit():
 
 def test_open_clip_matches_open_clip_itself(oc_vit):
     assert isinstance(oc_vit, Encoder)
-    assert oc_vit.id.startswith(f"open_clip-{TINY_VIT}@") and oc_vit.embed_dim == 32
+    # random weights are seeded (seed 0 unless the spec names one) and the id says so
+    assert oc_vit.id.startswith(f"open_clip-{TINY_VIT}/random-seed0@") and oc_vit.embed_dim == 32
+    assert oc_vit.spec == f"open_clip:{TINY_VIT}?seed=0"
     _, _, transform = open_clip.create_model_and_transforms(TINY_VIT)
     imgs = _images(3)
     x = torch.stack([oc_vit.preprocess(im) for im in imgs])
@@ -169,12 +171,14 @@ def test_open_clip_checkpoint_round_trip_and_mismatch(oc_vit, tmp_path):
     ckpt = tmp_path / "tiny.pt"
     torch.save(oc_vit.model.state_dict(), ckpt)
     again = create(f"open_clip:{TINY_VIT}/{ckpt}")
-    assert again.id == oc_vit.id
+    # the same weights (same hash); loaded from a file, so no longer marked random
+    assert again.id == f"open_clip-{TINY_VIT}@{oc_vit.id.split('@')[1]}"
+    assert again.spec == f"open_clip:{TINY_VIT}/{ckpt.resolve()}"
     x = torch.stack([oc_vit.preprocess(im) for im in _images(2)])
     assert torch.equal(again.encode_images(x), oc_vit.encode_images(x))
-    torch.manual_seed(1)
-    other = create(f"open_clip:{TINY_VIT}")
+    other = create(f"open_clip:{TINY_VIT}?seed=1")
     assert other.id != oc_vit.id  # other weights, other embedding space
+    assert other.id.split("@")[0] == f"open_clip-{TINY_VIT}/random-seed1"
 
     bad = tmp_path / "bad.pt"
     state = dict(oc_vit.model.state_dict())
@@ -309,7 +313,7 @@ def test_bf16_autocast_close_to_fp32(oc_vit):
 
 def test_open_clip_gallery_from_image_files(oc_vit, tmp_path):
     from vlctl.index import open_gallery
-    from vlctl.index.extract import ExtractConfig, index_images
+    from vlctl.embeddings.extract import ExtractConfig, index_images
 
     paths = []
     for i, im in enumerate(_images(5)):

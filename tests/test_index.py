@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-import vlctl.index.gallery as gallery_mod
+import vlctl.embeddings.store as gallery_mod
+import vlctl.embeddings.table as table_mod
 from vlctl.encoders import TinyCLIPEncoder, create_model
 from vlctl.index import IndexConfig, create_gallery, exact_rerank, open_gallery, open_or_create_gallery
 from vlctl.io import VlctlError
@@ -133,7 +134,7 @@ def test_search_by_text_and_image_with_an_encoder(tmp_path):
     res = g.search_texts(enc, ["red 3", "blue 7"], k=12)
     t = enc.encode_texts(enc.tokenize(["red 3", "blue 7"])).numpy()
     assert res.ids.tolist() == _exact_topk(_unit(emb), t, 12).tolist()
-    with pytest.raises(VlctlError, match="gallery was built with encoder 'tinyclip-mad-quick@"):
+    with pytest.raises(VlctlError, match="store was built with encoder 'tinyclip-mad-quick@"):
         g.search_texts(other, ["red 3"])
     with pytest.raises(VlctlError, match="built with encoder"):
         open_gallery(tmp_path / "g", encoder_id=other.id)
@@ -145,7 +146,7 @@ def test_search_by_text_and_image_with_an_encoder(tmp_path):
 def test_bad_input_errors_name_the_file(tmp_path):
     x = _clustered(50, 8)
     g = create_gallery(tmp_path / "g", ENC, 8).add(x)
-    with pytest.raises(VlctlError, match="embeddings have dim 9, the gallery at .* has dim 8"):
+    with pytest.raises(VlctlError, match="embeddings have dim 9, the store at .* has dim 8"):
         g.add(np.ones((3, 9), np.float32))
     with pytest.raises(VlctlError, match="queries have dim 4"):
         g.search(np.ones((1, 4), np.float32))
@@ -155,7 +156,7 @@ def test_bad_input_errors_name_the_file(tmp_path):
         g.add(x[:1], [{"a": object()}])
     with pytest.raises(VlctlError, match="already exists and is not an empty directory"):
         create_gallery(tmp_path / "g", ENC, 8)
-    with pytest.raises(VlctlError, match="gallery uses index"):
+    with pytest.raises(VlctlError, match="store uses index"):
         open_or_create_gallery(tmp_path / "g", ENC, 8, IndexConfig(kind="hnsw"))
     assert len(open_gallery(tmp_path / "g")) == 50  # still readable after every refusal
 
@@ -183,21 +184,21 @@ def test_bad_input_errors_name_the_file(tmp_path):
     meta.write_bytes(meta_data)
 
     (tmp_path / "g" / "manifest.json").rename(tmp_path / "manifest.bak")
-    with pytest.raises(VlctlError, match=r"g/manifest.json: gallery manifest not found"):
+    with pytest.raises(VlctlError, match=r"g/manifest.json: store manifest not found"):
         open_gallery(tmp_path / "g")
     (tmp_path / "g" / "manifest.json").write_text("{not json")
-    with pytest.raises(VlctlError, match="corrupt gallery manifest"):
+    with pytest.raises(VlctlError, match="corrupt store manifest"):
         open_gallery(tmp_path / "g")
     (tmp_path / "g" / "manifest.json").write_text(json.dumps({"format": "x"}))
     with pytest.raises(VlctlError, match=r"missing field\(s\) \['encoder_id'"):
         open_gallery(tmp_path / "g")
-    with pytest.raises(VlctlError, match="gallery directory not found"):
+    with pytest.raises(VlctlError, match="store directory not found"):
         open_gallery(tmp_path / "nope")
     with pytest.raises(VlctlError, match="IndexConfig.kind must be one of"):
         IndexConfig(kind="lsh")
 
 
-@pytest.mark.parametrize("crash_in", ["_write_index", "atomic_write_json"])
+@pytest.mark.parametrize("crash_in", ["write_index", "atomic_write_json"])
 def test_crash_mid_add_leaves_previous_gallery(tmp_path, monkeypatch, crash_in):
     x = _clustered(300, 8)
     g = create_gallery(tmp_path / "g", ENC, 8).add(x[:200], [{"i": i} for i in range(200)])
@@ -214,7 +215,7 @@ def test_crash_mid_add_leaves_previous_gallery(tmp_path, monkeypatch, crash_in):
         g.add(x[200:], [{"i": i} for i in range(200, 300)])
     monkeypatch.undo()
 
-    if crash_in == "_write_index":  # crashed before the manifest rename: the old gallery stands
+    if crash_in == "write_index":  # crashed before the manifest rename: the old gallery stands
         again = open_gallery(tmp_path / "g")
         assert len(again) == 200 and again.search(x[:1], k=1).ids[0, 0] == 0
         again = again.add(x[200:], [{"i": i} for i in range(200, 300)])  # and the next add works
@@ -262,7 +263,7 @@ def _png_claiming_size(path, width: int, height: int) -> None:
 
 
 def test_embed_image_files_skips_bad_images(tmp_path):
-    from vlctl.index.extract import ExtractConfig, ImageDecodeError, embed_image_files, read_image
+    from vlctl.embeddings.extract import ExtractConfig, ImageDecodeError, embed_image_files, read_image
 
     enc = TinyCLIPEncoder(create_model("mad-quick", seed=0))
     good = _write_images(tmp_path, 9)
@@ -362,13 +363,13 @@ def test_cli_index_and_search(tmp_path, capsys):
     rc, _, err = _run_cli(
         ["index", str(photos), "--encoder", f"tiny:{tmp_path / 'other'}", "--out", str(gal), "--no-progress"], capsys
     )
-    assert rc == 2 and "gallery was built with encoder" in err
+    assert rc == 2 and "store was built with encoder" in err
     rc, _, err = _run_cli(["search", str(gal), "--text", "x", "--encoder", f"tiny:{tmp_path / 'other'}"], capsys)
-    assert rc == 2 and "gallery was built with encoder" in err
+    assert rc == 2 and "store was built with encoder" in err
     rc, _, err = _run_cli(["index", str(photos), "--encoder", spec, "--out", str(gal), "--index-kind", "hnsw"], capsys)
-    assert rc == 2 and "gallery uses index" in err
+    assert rc == 2 and "store uses index" in err
     rc, _, err = _run_cli(["search", str(tmp_path), "--text", "x"], capsys)
-    assert rc == 2 and "manifest.json: gallery manifest not found" in err
+    assert rc == 2 and "manifest.json: store manifest not found" in err
     rc, _, err = _run_cli(["index", str(photos), "--encoder", "nope:x", "--out", str(tmp_path / "g2")], capsys)
     assert rc == 2 and "unknown encoder spec 'nope:x'" in err
     assert len(open_gallery(gal)) == 8  # every refusal left the gallery as it was
@@ -408,7 +409,7 @@ def test_index_under_torchrun_equals_one_process(tmp_path, capsys):
 
 
 def test_bad_row_mid_add_leaves_gallery_and_its_index_intact(tmp_path, monkeypatch):
-    monkeypatch.setattr(gallery_mod, "_ADD_CHUNK", 2)  # the add streams in chunks; fail in the third
+    monkeypatch.setattr(table_mod, "ADD_CHUNK", 2)  # the add streams in chunks; fail in the third
     x = _clustered(40, 8)
     g = create_gallery(tmp_path / "g", ENC, 8).add(x[:20])
     before = g.search(x[:3], k=5)
@@ -432,7 +433,7 @@ def test_bad_row_mid_add_leaves_gallery_and_its_index_intact(tmp_path, monkeypat
 def test_cli_search_by_image_and_attribute(tmp_path, capsys):
     """ControlEmbed query mode over a frozen gallery: the CLI's hits equal ControlEmbed.search."""
     from vlctl.encoders import save_pretrained
-    from vlctl.index.gallery import open_gallery
+    from vlctl.embeddings.store import open_gallery
     from vlctl.methods.hyper import ControlEmbed
 
     save_pretrained(create_model("mad-quick", seed=0), tmp_path / "model")

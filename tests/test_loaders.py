@@ -255,7 +255,7 @@ def test_webdataset_shards_stream_in_order(tmp_path):
     import io
 
     from vlctl.data.loaders import expand_shards, iter_webdataset
-    from vlctl.index.extract import ImageDecodeError, read_image
+    from vlctl.images import ImageDecodeError, read_image
 
     def jpg(v: int) -> bytes:
         buf = io.BytesIO()

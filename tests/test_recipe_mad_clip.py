@@ -9,8 +9,9 @@ import pytest
 
 from vlctl.data.mad import CATEGORIES, VALUES
 from vlctl.eval import metrics
+from vlctl.eval.metrics import caption_relevance
 from vlctl.io import VlctlError
-from vlctl.recipes.mad_clip import MadClipRecipe, caption_relevance, caption_values, image_values, load_preset, run
+from vlctl.recipes.mad_clip import MadClipRecipe, caption_values, image_values, load_preset, run
 
 TINY = MadClipRecipe(n_train=256, n_test=128, model="mad-quick", epochs=1, batch_size=64, warmup_steps=1, procs=1)
 
@@ -98,7 +99,7 @@ def test_embed_cli_hits_cache_and_refuses_other_encoder(tiny_run, tmp_path):
     second = _vlctl("embed", "--encoder", str(model), "--data", str(test), "--out", str(tmp_path), "--json")
     a, b = json.loads(first.stdout), json.loads(second.stdout)
     assert a["hit"] is False and b["hit"] is True and a["cache"] == b["cache"]
-    from vlctl.data.cache import open_cache
+    from vlctl.embeddings.cache import open_cache
 
     with pytest.raises(VlctlError, match="encoder"):
         open_cache(a["cache"], encoder_id="tinyclip-other@0000")

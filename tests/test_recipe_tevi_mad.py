@@ -46,11 +46,11 @@ def test_results_recompute_from_arrays(tiny_run):
                                         a[f"caption_label_{c}"][a["swap_perm"]])
         assert leak == pytest.approx(r["leakage"][c], nan_ok=True)
     ret = np.load(out / "arrays" / "retrieval_cg.npz")
-    rel = mad_clip.caption_relevance(ret["image_values"], ret["caption_values"])
+    rel = metrics.caption_relevance(ret["image_values"], ret["caption_values"])
     assert metrics.recall_at_k_relevant(ret["base_scores"], rel) == r["retrieval"]["base"]
     assert metrics.recall_at_k_relevant(ret["tevi_scores"], rel) == r["retrieval"]["tevi"]
-    rr = {**{f"i2t{k}": v for k, v in tevi_mad.recall_from_order(ret["rerank_order_i2t"], rel.T).items()},
-          **{f"t2i{k}": v for k, v in tevi_mad.recall_from_order(ret["rerank_order_t2i"], rel).items()}}
+    rr = {**{f"i2t{k}": v for k, v in metrics.recall_from_order(ret["rerank_order_i2t"], rel.T).items()},
+          **{f"t2i{k}": v for k, v in metrics.recall_from_order(ret["rerank_order_t2i"], rel).items()}}
     assert rr == r["retrieval"]["tevi_rerank"]
     cos = metrics.positive_pair_cosine(a["edited_emb"], ret["text_emb"]).mean()
     assert cos == pytest.approx(r["alignment"]["after"], rel=1e-6)
@@ -71,8 +71,8 @@ def test_recall_from_order_matches_recall_at_k_relevant():
     rel = rng.random((30, 40)) < 0.1
     rel[0] = True  # every text has a relevant image
     want = metrics.recall_at_k_relevant(scores, rel)
-    t2i = tevi_mad.recall_from_order(np.argsort(-scores, axis=0), rel)
-    i2t = tevi_mad.recall_from_order(np.argsort(-scores.T, axis=0), rel.T)
+    t2i = metrics.recall_from_order(np.argsort(-scores, axis=0), rel)
+    i2t = metrics.recall_from_order(np.argsort(-scores.T, axis=0), rel.T)
     assert {f"t2i{k}": v for k, v in t2i.items()} == {k: v for k, v in want.items() if k.startswith("t2i")}
     assert {f"i2t{k}": v for k, v in i2t.items()} == {k: v for k, v in want.items() if k.startswith("i2t")}
 

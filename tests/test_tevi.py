@@ -190,7 +190,7 @@ def test_concept_auc_matrix_matches_sklearn():
 
 
 def test_gallery_reranker_rescores_candidates_exactly(world, tmp_path):
-    from vlctl.index.gallery import create_gallery
+    from vlctl.embeddings.store import create_gallery
 
     sae, img, txt, *_ = world
     tevi = TEVI(hidden=16, epochs=1, batch_size=256).fit(sae, img, txt)

@@ -23,9 +23,11 @@ from vlctl.encoders import (
     list_configs,
     load_encoder,
     load_pretrained,
+    load_tiny_encoder,
     preprocess_batch,
     save_pretrained,
     tiny_clip,
+    tiny_model,
 )
 from vlctl.encoders.tokenizer import END_ID, PAD_ID, START_ID
 from vlctl.io import VlctlError
@@ -203,7 +205,7 @@ def test_image_transform():
 
 @pytest.mark.parametrize("sdpa", [True, False])
 def test_recorded_attention_equals_fast_path(sdpa, monkeypatch):
-    monkeypatch.setattr(tiny_clip, "USE_SDPA_ON_CPU", sdpa)
+    monkeypatch.setattr(tiny_model, "USE_SDPA_ON_CPU", sdpa)  # read by tiny_model.Attention
     m = small_model()
     x = rand_images(5)
     with torch.no_grad():
@@ -369,6 +371,25 @@ def test_save_load_round_trip(tmp_path):
     assert load_encoder(path).id == enc.id
     # a model directory is also a config source
     assert create_model(str(path)).config == m.config
+    # the TinyCLIP loader under its own name, and under its old name in tiny_clip
+    enc3 = load_tiny_encoder(path)
+    assert tiny_clip.load_encoder is load_tiny_encoder
+    assert enc3.id == enc.id and enc3.batch_size == enc2.batch_size == 1024
+    assert enc3.spec == enc2.spec == f"tiny:{path.resolve()}"
+    assert torch.equal(enc3.encode_images(x), enc2.encode_images(x))
+
+
+def test_tiny_clip_module_keeps_its_public_names():
+    """`vlctl.encoders.tiny_clip` gathers TinyCLIP's pieces from the modules it was split into."""
+    for name in (
+        "TinyCLIP", "TinyCLIPConfig", "TinyCLIPEncoder", "clip_loss", "create_model", "encoder_id",
+        "get_config", "image_transform", "list_configs", "load_encoder", "load_pretrained",
+        "minilm_fingerprint", "minilm_model_dir", "preprocess_batch", "save_pretrained", "MAD_VALUES",
+    ):
+        assert getattr(tiny_clip, name) is not None, name
+    assert tiny_clip.TinyCLIP is tiny_model.TinyCLIP and tiny_clip.clip_loss is clip_loss
+    # the attention switch is tiny_model's; a copy in the facade would be a switch that does nothing
+    assert not hasattr(tiny_clip, "USE_SDPA_ON_CPU")
 
 
 def edit_config(model_dir, keys: tuple[str, ...], value) -> None:

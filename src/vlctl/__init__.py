@@ -1,6 +1,40 @@
 """vlctl: make CLIP-style vision-language embedding spaces controllable with text.
 
 Pipeline: data -> encoders -> methods -> eval -> report / index / serve.
+
+Python front door (names are imported on first use, so `import vlctl` stays light and does not
+import torch):
+
+    import vlctl
+    enc = vlctl.load_encoder("open_clip:ViT-B-32?seed=0")
+    enc.embed_texts(["a cat"]), enc.embed_images(["cat.jpg"])
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+# Public name -> "module:attribute", imported lazily by __getattr__ (PEP 562). To add a name, add
+# it here and to __all__ (tests/test_front_door.py checks that the two agree).
+_LAZY: dict[str, str] = {
+    "load_encoder": "vlctl.encoders.factory:load_encoder",
+}
+
+__all__ = ["__version__", "load_encoder"]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attr = target.partition(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -29,7 +29,8 @@ from skimage.morphology import reconstruction, skeletonize
 from skimage.transform import resize
 
 from vlctl.config import config_to_dict, opt
-from vlctl.data.writer import check_image_set, open_image_set_files, read_labels
+from vlctl.data.imageset import load_image_set, write_image_set
+from vlctl.data.shapes import check_label as check_shapes_label
 from vlctl.io import VlctlError, read_json, sha256_json
 
 CATEGORIES = ("digit", "color", "thickthinning", "swelling", "fracture", "scaling")
@@ -401,8 +402,6 @@ def _worker_range(bounds: tuple[int, int]) -> tuple[np.ndarray, list[dict]]:
 
 def generate_mad(cfg: MadConfig, out: str | Path) -> Path:
     """Generate cfg.n MAD images into directory `out` (replaced atomically); returns its path."""
-    from vlctl.data.writer import write_image_set
-
     glyphs = load_glyphs(cfg)  # here, so a bad mnist_dir fails before anything is written
     meta = {
         "format": "vlctl-mad", "format_version": FORMAT_VERSION, "config": config_to_dict(cfg),
@@ -421,32 +420,11 @@ def load_mad(path: str | Path, verify: bool = False) -> dict:
     """Load a MAD directory: {"images": (N, H, W, 3) uint8 read-only memmap, "labels", "meta", "path"}.
 
     Checks the counts, the image shape and dtype and every label value; `verify=True` also
-    re-hashes the files against meta.json (a full read of the images).
+    re-hashes the files against meta.json (a full read of the images). Reads the directories of
+    the shapes generator too (same on-disk layout, its own label checks): the TinyCLIP trainer's
+    one loader.
     """
-    path = Path(path)
-    if not path.is_dir():
-        raise VlctlError(f"{path}: MAD directory not found")
-    meta = read_json(path / "meta.json", "MAD meta.json")
-    if not isinstance(meta, dict) or not {"n", "image_shape", "sha256"} <= set(meta):
-        raise VlctlError(f"{path / 'meta.json'}: not a MAD meta file (needs n, image_shape, sha256)")
-    images, label_file = open_image_set_files(path, meta)
-    check_label = _label_checker(meta, path / "meta.json")
-    labels = read_labels(label_file, check_label)
-    check_image_set(path, meta, images, labels, verify)
-    return {"images": images, "labels": labels, "meta": meta, "path": path}
-
-
-def _label_checker(meta: dict, meta_path: Path):
-    """The label validator of the directory's format: MAD's own, or that of another generator
-    writing the same on-disk layout (vlctl.data.shapes)."""
-    fmt = meta.get("format", "vlctl-mad")
-    if fmt == "vlctl-mad":
-        return _check_label
-    if fmt == "vlctl-shapes":
-        from vlctl.data.shapes import check_label
-
-        return check_label
-    raise VlctlError(f"{meta_path}: unknown dataset format {fmt!r} (expected 'vlctl-mad' or 'vlctl-shapes')")
+    return load_image_set(path, verify, {"vlctl-mad": _check_label, "vlctl-shapes": check_shapes_label})
 
 
 def _check_label(label: object, where: str) -> None:

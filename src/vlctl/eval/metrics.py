@@ -1,4 +1,5 @@
-"""Evaluation metrics for embedding spaces: retrieval, mAP, clustering, zero-shot, ROC AUC.
+"""Evaluation metrics for embedding spaces: retrieval, mAP, clustering, zero-shot, ROC AUC,
+recall of rankings given as orders, attribute relevance, checklist accuracy.
 
 Pure functions over numpy arrays (torch tensors are accepted and converted). Summary figures
 (recall, mAP, accuracies, AUC) are returned as percentages in [0, 100] so that every number in a
@@ -18,11 +19,14 @@ from scipy.optimize import linear_sum_assignment
 from scipy.stats import rankdata
 
 __all__ = [
+    "caption_relevance",
+    "checklist_accuracy",
     "cluster_accuracy",
     "mean_average_precision",
     "positive_pair_cosine",
     "recall_at_k",
     "recall_at_k_relevant",
+    "recall_from_order",
     "roc_auc",
     "zero_shot_accuracy",
     "zero_shot_predict",
@@ -464,3 +468,74 @@ def positive_pair_cosine(image_emb: Any, text_emb: Any) -> np.ndarray:
     A = _normalize_rows(A.astype(np.float64))
     B = _normalize_rows(B.astype(np.float64))
     return np.einsum("nd,nd->n", A, B)
+
+
+# --------------------------------------------------------------------------------------------
+# rankings given as orders, attribute relevance, checklist accuracy
+
+
+def recall_from_order(order: Any, relevant: Any, ks: Iterable[int] = (1, 5, 10)) -> dict[str, float]:
+    """Recall@k, in percent, of rankings given as orders (e.g. a rerank's output).
+
+    Args:
+        order: (m, n_queries) int, usually m = n_candidates; column q lists query q's candidates
+            best first (column = query, as `TEVI.rerank` returns it).
+        relevant: (n_candidates, n_queries) bool; relevant[c, q] marks candidate c correct for q.
+        ks: cut-offs.
+
+    Returns:
+        {"@k": 100 * mean over queries q of [first(q) < k]} for every k, where first(q) is the
+        smallest rank r with relevant[order[r, q], q] (m when there is none): a query hits at k
+        when any of its first k candidates is relevant. There are no ties: the order is the
+        ranking.
+    """
+    order, relevant = _to_numpy(order), _to_numpy(relevant)
+    if order.ndim != 2 or relevant.ndim != 2 or order.shape[1] != relevant.shape[1]:
+        raise ValueError(f"order, relevant: expected (m, n_queries) and (n_candidates, n_queries), got "
+                         f"{order.shape} and {relevant.shape}")
+    if relevant.dtype != bool:
+        raise ValueError(f"relevant: expected a boolean mask, got dtype {relevant.dtype}")
+    hits = np.take_along_axis(relevant, order, axis=0)  # (n_candidates, n_queries), in rank order
+    first = np.where(hits.any(0), hits.argmax(0), len(order))  # rank of the first relevant one
+    return {f"@{k}": float(100.0 * (first < k).mean()) for k in ks}
+
+
+def caption_relevance(img_vals: Any, cap_vals: Any) -> np.ndarray:
+    """Which captions are correct for which images, from attribute values.
+
+    Args:
+        img_vals: (n_images, n_attributes) int, the index of each image's value per attribute.
+        cap_vals: (n_texts, n_attributes) int, the index of the value each caption names per
+            attribute, -1 where the caption does not name that attribute.
+
+    Returns:
+        (n_images, n_texts) bool: relevant[i, j] = all over attributes c of
+        (cap_vals[j, c] == -1 or cap_vals[j, c] == img_vals[i, c]), i.e. image i has every
+        attribute value caption j names (a caption naming nothing fits every image).
+    """
+    img_vals, cap_vals = _to_numpy(img_vals), _to_numpy(cap_vals)
+    if img_vals.ndim != 2 or cap_vals.ndim != 2 or img_vals.shape[1] != cap_vals.shape[1]:
+        raise ValueError(f"img_vals, cap_vals: expected (n_images, n_attributes) and (n_texts, n_attributes), got "
+                         f"{img_vals.shape} and {cap_vals.shape}")
+    named = cap_vals >= 0
+    rel = np.ones((len(img_vals), len(cap_vals)), dtype=bool)
+    for c in range(cap_vals.shape[1]):
+        rel &= ~named[None, :, c] | (img_vals[:, None, c] == cap_vals[None, :, c])
+    return rel
+
+
+def checklist_accuracy(scores: Any) -> float:
+    """VL-CheckList-style accuracy, in percent.
+
+    Args:
+        scores: (n, 2) [score of the positive text, score of the negative text] per item (e.g.
+            cos(image, positive), cos(image, negative): `vlctl.eval.checklist.checklist_scores`).
+
+    Returns:
+        100 * mean over items of [scores[i, 0] > scores[i, 1]] (strictly: a tie is a miss); NaN
+        for no items.
+    """
+    scores = _to_numpy(scores)
+    if scores.ndim != 2 or scores.shape[1] != 2:
+        raise ValueError(f"scores: expected (n, 2) [positive, negative] scores, got shape {scores.shape}")
+    return 100.0 * float((scores[:, 0] > scores[:, 1]).mean()) if len(scores) else float("nan")

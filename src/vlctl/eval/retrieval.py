@@ -12,7 +12,6 @@ add)` adds `vlctl eval retrieval` to vlctl's parser.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import time
@@ -22,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from vlctl.config import add_config_args, config_from_args, config_to_dict, opt
+from vlctl.config import config_to_dict, opt
 from vlctl.io import VlctlError
 
 DATASETS = ("coco", "flickr", "karpathy", "rococo")
@@ -197,7 +196,7 @@ def embed_images_strict(encoder: Any, paths: Sequence[str | os.PathLike], cfg: R
     A benchmark cannot skip images (the numbers would no longer be the benchmark's), unlike
     `vlctl index`, which skips and lists them.
     """
-    from vlctl.index.extract import ExtractConfig, embed_image_files
+    from vlctl.embeddings.extract import ExtractConfig, embed_image_files
 
     res = embed_image_files(encoder, paths, ExtractConfig(batch_size=cfg.batch_size, workers=cfg.workers), progress)
     if res.failures:
@@ -257,43 +256,3 @@ def evaluate_retrieval(
     result["config"] = config_to_dict(cfg)
     result["seconds"] = round(time.perf_counter() - start, 3)
     return result
-
-
-# --------------------------------------------------------------------------------------------
-# CLI: vlctl eval retrieval
-
-
-def _cmd_retrieval(args: argparse.Namespace) -> dict:
-    from vlctl.encoders import create
-    from vlctl.io import atomic_write_json
-
-    cfg = config_from_args(RetrievalConfig, args)
-    encoder = create(args.encoder, device=cfg.device, precision=cfg.precision, batch_size=cfg.batch_size)
-    result = evaluate_retrieval(encoder, args.dataset, args.annotations, args.root, args.split, cfg,
-                                progress=not args.no_progress)
-    result["encoder"] = args.encoder
-    if args.out:
-        atomic_write_json(args.out, result)
-        result["out"] = str(args.out)
-    return result
-
-
-def register(sub, add) -> None:
-    """Add `eval` with its `retrieval` subcommand to the subparsers `sub` (cli.build_parser's `add`
-    helper adds --json and the handler)."""
-    from vlctl.encoders.factory import SPEC_FORMS
-
-    ev = sub.add_parser("eval", help="evaluate an encoder on a benchmark", description="Evaluate an encoder.")
-    ev_sub = ev.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
-    p = add(ev_sub, "retrieval", "zero-shot image-text retrieval recall@k both ways (CLIP_benchmark's definition; "
-            "--dataset rococo adds the altered captions as distractors)", _cmd_retrieval)
-    p.add_argument("--encoder", required=True, help="encoder spec: " + " | ".join(SPEC_FORMS))
-    p.add_argument("--dataset", required=True, choices=DATASETS,
-                   help="coco / flickr / karpathy: a Karpathy split file or [{image, caption: [...]}]; rococo: "
-                   "RoCOCO's [{image, caption: [originals..., 5 altered]}]")
-    p.add_argument("--root", required=True, help="image root the annotation paths are relative to")
-    p.add_argument("--annotations", required=True, help="the annotation JSON (e.g. dataset_coco.json)")
-    p.add_argument("--split", default="test", help="Karpathy split (default: test; ignored for list files)")
-    p.add_argument("--out", default=None, help="write the results JSON here")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_config_args(p, RetrievalConfig)

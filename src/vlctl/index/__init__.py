@@ -1,24 +1,9 @@
-"""Galleries: embeddings + metadata + a FAISS index in one directory, searchable by text or image.
+"""The names of vlctl 0.1, where a store with a FAISS index was a "gallery" (see vlctl.embeddings)."""
 
-gallery = create_gallery("gal/", encoder.id, encoder.embed_dim, IndexConfig(kind="flat"))
-gallery = gallery.add(embeddings, [{"path": ...}, ...])
-gallery = open_gallery("gal/", encoder_id=encoder.id)
-result = gallery.search_texts(encoder, ["a red car"], k=10)      # SearchResult(ids, scores)
-result.hits(gallery)                                              # [[{"id", "score", **meta}]]
-gallery.search(q, k=10, reranker=my_reranker, candidates=100)     # Reranker hook (TEVI, ControlEmbed)
-"""
-
-from vlctl.index.gallery import (
-    INDEX_KINDS,
-    Gallery,
-    IndexConfig,
-    Reranker,
-    SearchResult,
-    create_gallery,
-    exact_rerank,
-    open_gallery,
-    open_or_create_gallery,
-)
+from vlctl.embeddings.extract import ExtractConfig, ExtractResult, embed_image_files, index_images
+from vlctl.embeddings.search import INDEX_KINDS, IndexConfig, Reranker, SearchResult, exact_rerank
+from vlctl.embeddings.store import Gallery, create_gallery, open_gallery, open_or_create_gallery
+from vlctl.images import ImageDecodeError, read_image
 
 __all__ = [
     "INDEX_KINDS",
@@ -37,20 +22,3 @@ __all__ = [
     "open_or_create_gallery",
     "read_image",
 ]
-
-_EXTRACT_NAMES = (
-    "ExtractConfig",
-    "ExtractResult",
-    "ImageDecodeError",
-    "embed_image_files",
-    "index_images",
-    "read_image",
-)
-
-
-def __getattr__(name: str):
-    if name in _EXTRACT_NAMES:
-        from vlctl.index import extract
-
-        return getattr(extract, name)
-    raise AttributeError(f"module 'vlctl.index' has no attribute {name!r}")

@@ -14,7 +14,7 @@ n_keep(P, f) = max(1, round((1 - f) P)) for f < 1 (at least one patch survives a
 f = 1 keeps no patch: the class token alone.
 
 Anchor (§IV-B): one HilaCAM map from the anchor text "AP or AN" (built by the caller with
-`vlctl.methods.trees.anchor_text`). DiRe (§IV-C): relevancy(P) - relevancy(N), then divided by
+`vlctl.methods.anchor.anchor_text`). DiRe (§IV-C): relevancy(P) - relevancy(N), then divided by
 its largest absolute value so each map lies in [-1, 1] (0 where both maps agree everywhere);
 DiRe uses the label, so it is for interpretability, not inference.
 
@@ -29,7 +29,6 @@ token (SigLIP) are refused: HilaCAM reads the class-token row.
 
 from __future__ import annotations
 
-import argparse
 import io
 import math
 from collections.abc import Sequence
@@ -248,7 +247,7 @@ def _square_grid(p: int) -> tuple[int, int]:
 
 def anchor_map(encoder: Any, images: Any, anchor_texts: Any, blocks: Blocks = "all") -> np.ndarray:
     """Anchor relevancy (3VL §IV-B): HilaCAM with the anchor text "AP or AN" of each pair, built by
-    the caller with `vlctl.methods.trees.anchor_text(positive, negative)`. (n, gh, gw)."""
+    the caller with `vlctl.methods.anchor.anchor_text(positive, negative)`. (n, gh, gw)."""
     return hila_cam(encoder, images, anchor_texts, blocks=blocks)
 
 
@@ -531,7 +530,7 @@ def explain(
     """Relevancy overlays for one image (uint8 (H, W, 3)) and its positive (and negative) text.
 
     Writes to `out`: hilacam_positive.png; with a negative also hilacam_negative.png, anchor.png
-    (HilaCAM of the anchor text: `anchor`, or `vlctl.methods.trees.anchor_text(positive,
+    (HilaCAM of the anchor text: `anchor`, or `vlctl.methods.anchor.anchor_text(positive,
     negative)`) and dire.png; plus maps.npz with the raw maps (gh, gw), the texts and the scores.
     Overlays are drawn on the image's central square (what the encoder sees).
     """
@@ -558,9 +557,9 @@ def explain(
     if negative is not None:
         if anchor is None:
             try:
-                from vlctl.methods.trees import anchor_text
+                from vlctl.methods.anchor import anchor_text
             except ImportError as e:
-                raise VlctlError(f"explain: no --anchor text given and vlctl.methods.trees cannot be imported ({e})")
+                raise VlctlError(f"explain: no --anchor text given and vlctl.methods.anchor cannot be imported ({e})")
             anchor = anchor_text(positive, negative)
         maps["hilacam_negative"] = hila_cam(encoder, x, [negative], blocks=blocks)[0]
         maps["anchor"] = hila_cam(encoder, x, [anchor], blocks=blocks)[0]
@@ -579,31 +578,3 @@ def explain(
     files.append(str(atomic_save_npz(out / "maps.npz", **maps, **extra)))
     result["files"] = files
     return result
-
-
-def _cmd_explain(args: argparse.Namespace) -> dict:
-    from vlctl.encoders import create
-
-    blocks = _parse_blocks(args.blocks)
-    image = load_image(args.image)
-    encoder = create(args.encoder, device=args.device)
-    return explain(encoder, image, args.positive, args.negative, args.out, blocks=blocks, anchor=args.anchor)
-
-
-def register(sub, add) -> None:
-    """Add `vlctl explain` to the subparsers `sub` (`add` is cli.build_parser's helper)."""
-    from vlctl.encoders.factory import SPEC_FORMS
-
-    p = add(
-        sub, "explain", "HilaCAM / Anchor / DiRe relevancy overlays of one image and its text(s) (3VL)", _cmd_explain
-    )
-    p.add_argument("--encoder", required=True, help="encoder spec: " + " | ".join(SPEC_FORMS))
-    p.add_argument("image", help="image file (any format PIL reads)")
-    p.add_argument("positive", help="the (positive) text")
-    p.add_argument("negative", nargs="?", default=None, help="a negative text: adds the negative, Anchor and DiRe maps")
-    p.add_argument("--out", required=True, help="output directory (PNG overlays + maps.npz)")
-    p.add_argument("--blocks", default="all", help="ViT blocks to accumulate: all | last | an integer start block")
-    p.add_argument(
-        "--anchor", default=None, help="anchor text (default: vlctl.methods.trees.anchor_text(positive, negative))"
-    )
-    p.add_argument("--device", default="cpu", help="torch device for the encoder (default: cpu)")

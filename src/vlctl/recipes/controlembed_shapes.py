@@ -103,8 +103,8 @@ def _train(cfg: ControlEmbedShapesRecipe, data_dir: Path, work: Path, resume: bo
 
 
 def _embed(cfg: ControlEmbedShapesRecipe, encoder_dir: Path, data_dir: Path, work: Path) -> None:
-    from vlctl.data.cache import embed
     from vlctl.data.mad import mad_dataset_id
+    from vlctl.embeddings.cache import embed
     from vlctl.encoders import load_encoder
 
     encoder = load_encoder(encoder_dir)

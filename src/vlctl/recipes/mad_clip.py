@@ -18,6 +18,7 @@ import numpy as np
 from vlctl.config import config_from_dict, config_to_dict, opt
 from vlctl.data.mad import CATEGORIES, VALUES, MadConfig, generate_mad, load_mad, prompt_captions
 from vlctl.eval import metrics
+from vlctl.eval.metrics import caption_relevance
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
 from vlctl.recipes.runner import Runner
 from vlctl.report import Report
@@ -79,21 +80,12 @@ def image_values(labels: list[dict]) -> np.ndarray:
     return np.array([[VALUES[c].index(str(lab[c])) for c in CATEGORIES] for lab in labels], dtype=np.int64)
 
 
-def caption_relevance(img_vals: np.ndarray, cap_vals: np.ndarray) -> np.ndarray:
-    """(n_images, n_texts) bool: image i has every attribute value caption j names."""
-    named = cap_vals >= 0
-    rel = np.ones((len(img_vals), len(cap_vals)), dtype=bool)
-    for c in range(cap_vals.shape[1]):
-        rel &= ~named[None, :, c] | (img_vals[:, None, c] == cap_vals[None, :, c])
-    return rel
-
-
 def embed_split(encoder_dir: Path, split_dir: Path, work: Path):
     """Embed a MAD split's images and captions into `work/cache` -> (encoder, EmbeddingCache)."""
     import torch
 
-    from vlctl.data.cache import embed
     from vlctl.data.mad import mad_dataset_id
+    from vlctl.embeddings.cache import embed
     from vlctl.encoders import load_encoder
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))

@@ -25,6 +25,7 @@ from vlctl.config import config_from_dict, config_to_dict, opt
 from vlctl.data.mad import CATEGORIES, VALUES, load_mad
 from vlctl.eval import metrics
 from vlctl.eval.editing import concept_auc_matrix, conditioning_accuracy, leakage_accuracy, top_activating
+from vlctl.eval.metrics import caption_relevance, recall_from_order
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
 from vlctl.methods.sae import fraction_variance_unexplained
 from vlctl.recipes import mad_clip
@@ -142,16 +143,6 @@ def _sweep(cfg: TeviMadRecipe, train: dict, test_img: np.ndarray, test_emb, img_
 # --- evaluation --------------------------------------------------------------------------------
 
 
-def recall_from_order(order: np.ndarray, relevant: np.ndarray, ks=(1, 5, 10)) -> dict[str, float]:
-    """Recall@k (percent) of rankings given as orders: `order` (n_candidates, n_queries) lists
-    each query's candidates best first (column = query, as `TEVI.rerank` returns it) and
-    `relevant` (n_candidates, n_queries) marks the correct ones. A query hits at k when any of its
-    first k candidates is relevant. There are no ties: the order is the ranking."""
-    hits = np.take_along_axis(relevant, order, axis=0)  # (n_candidates, n_queries), in rank order
-    first = np.where(hits.any(0), hits.argmax(0), len(order))  # rank of the first relevant one
-    return {f"@{k}": float(100.0 * (first < k).mean()) for k in ks}
-
-
 def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, cap_vals, out: Path, variant: str) -> dict:
     from vlctl.methods.tevi import TEVI
 
@@ -182,7 +173,7 @@ def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, ca
     rr_t2i = tevi.rerank(base, img, txt, k=cfg.rerank_k, direction="t2i").order.numpy()  # (P, Q)
     rr_i2t = tevi.rerank(base, img, txt, k=cfg.rerank_k, direction="i2t").order.numpy()  # (Q, P)
     rerank_s = time.perf_counter() - t0
-    relevant = mad_clip.caption_relevance(img_vals, cap_vals)
+    relevant = caption_relevance(img_vals, cap_vals)
     rec_base = metrics.recall_at_k_relevant(base, relevant)
     rec_exact = metrics.recall_at_k_relevant(exact, relevant)
     rec_rerank = {**{f"i2t{k}": v for k, v in recall_from_order(rr_i2t, relevant.T).items()},
@@ -389,9 +380,9 @@ Every number in report.md / results.json is recomputed from these files with `vl
 - `retrieval_<variant>.npz`: `base_scores` (N, N) CLIP cosine image x caption, `tevi_scores` the
   exhaustive TEVI scores cos(e_{p|q}, t_q), `image_values`, `caption_values` (N, 6; -1 = not
   named). relevant[i, j] = the image has every value caption j names
-  (`recipes.mad_clip.caption_relevance`); recall = `metrics.recall_at_k_relevant(scores, relevant)`.
+  (`vlctl.eval.metrics.caption_relevance`); recall = `metrics.recall_at_k_relevant(scores, relevant)`.
   TEVI-rerank: `rerank_order_t2i` (N_images, N_texts; column j = text j's images, best first)
-  and `rerank_order_i2t` (N_texts, N_images); recall = `recipes.tevi_mad.recall_from_order(order,
+  and `rerank_order_i2t` (N_texts, N_images); recall = `vlctl.eval.metrics.recall_from_order(order,
   relevant)` (t2i) and `recall_from_order(order_i2t, relevant.T)` (i2t).
 - `cg_sae.npz`: `latents` (N, 26) CG-SAE codes, `concept_present` (N, 26), `auc` (26, 26) =
   `editing.concept_auc_matrix(latents, concept_present)` (percent), `reconstructed_emb`,

@@ -31,6 +31,7 @@ from vlctl.data.scenes import (
     load_scenes,
     vocabulary,
 )
+from vlctl.eval.checklist import checklist_accuracy, checklist_scores, row_cosine
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
 from vlctl.recipes.runner import Runner
 from vlctl.report import Report
@@ -57,8 +58,8 @@ SHORTFALL = (
     "model never saw object-only token sets (random patch dropout keeps background), and size and color are "
     "judged against that context. Relations are not learned by any model here, and not for want of hard "
     "negatives: trained from random weights with the relation swap as the only objective, scenes-quick stays "
-    "at loss ln 2 and 50.6% on its own training scenes for 12 epochs (benchmarks/relation_learnability.py, "
-    "results in benchmarks/relation_learnability_*.json). Telling 'A left of B' from 'A right of B' needs the "
+    "at loss ln 2 and 50.6% on its own training scenes for 12 epochs (experiments/relation_learnability.py, "
+    "results in experiments/relation_learnability_*.json). Telling 'A left of B' from 'A right of B' needs the "
     "text to multiply the relation's sign into both noun phrases and the image to multiply each object's "
     "attributes into its position; at the start, every relation word is as often the positive as the negative, "
     "so the gradient averages to zero. A longer, higher-lr LoRA fine-tuning of the quick base (lr 1e-2, rank "
@@ -178,23 +179,6 @@ def _finetune(cfg: ThreeVLScenesRecipe, mode: str, base_dir: Path, data_dir: Pat
 # --- evaluation ----------------------------------------------------------------------------------
 
 
-def _cos(a, b) -> np.ndarray:
-    return (a * b).sum(-1).double().numpy()
-
-
-def checklist_scores(enc, x_all, items: dict[str, list[dict]]) -> dict[str, np.ndarray]:
-    """Per category, (n, 2) [cos(image, positive), cos(image, negative)] of each checklist item;
-    `enc` an Encoder, `x_all` the preprocessed test images, `items` from `load_checklist`."""
-    img = enc.encode_images(x_all)
-    out = {}
-    for c, its in items.items():
-        idx = [it["index"] for it in its]
-        p = enc.encode_texts(enc.tokenize([it["pos"] for it in its]))
-        n = enc.encode_texts(enc.tokenize([it["neg"] for it in its]))
-        out[c] = np.stack([_cos(img[idx], p), _cos(img[idx], n)], axis=1)
-    return out
-
-
 def _one_word_diff(pos: str, neg: str) -> tuple[str, str] | None:
     a, b = pos.split(), neg.split()
     if len(a) != len(b):
@@ -225,7 +209,7 @@ def _evaluate(cfg: ThreeVLScenesRecipe, data_dir: Path, base_dir: Path, ft_dirs:
 
     from vlctl.encoders import tiny_clip
     from vlctl.methods import relevancy as rel
-    from vlctl.methods.trees import anchor_text
+    from vlctl.methods.anchor import anchor_text
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -255,7 +239,7 @@ def _evaluate(cfg: ThreeVLScenesRecipe, data_dir: Path, base_dir: Path, ft_dirs:
         e = rel.remove_tokens(tree, x, maps, cfg.removal_fraction).float()
         p = tree.encode_texts(tree.tokenize([it["pos"] for it in items[c]]))
         n = tree.encode_texts(tree.tokenize([it["neg"] for it in items[c]]))
-        arrays[f"scores_tree_anchor_tr__{c}"] = np.stack([_cos(e, p), _cos(e, n)], axis=1)
+        arrays[f"scores_tree_anchor_tr__{c}"] = np.stack([row_cosine(e, p), row_cosine(e, n)], axis=1)
         arrays[f"anchor_maps__{c}"] = maps
     timings["anchor_tr_s"] = time.perf_counter() - t0
 
@@ -342,7 +326,7 @@ def _expansions(cfg, enc, x_all, items, arrays, name) -> list[dict]:
                 if not lv["negatives"]:
                     continue
                 texts = [lv["positive"], *lv["negatives"]]
-                sc = _cos(img.expand(len(texts), -1), enc.encode_texts(enc.tokenize(texts)))
+                sc = row_cosine(img.expand(len(texts), -1), enc.encode_texts(enc.tokenize(texts)))
                 if sc[1:].max() < sc[0]:
                     continue
                 worst = lv["negatives"][int(np.argmax(sc[1:]))]
@@ -356,7 +340,7 @@ def _expansions(cfg, enc, x_all, items, arrays, name) -> list[dict]:
                     for w in dict.fromkeys([*pos_words, *neg_words]):
                         cands.add(_swap_word(lv["positive"], w_pos, w))
                     cands = sorted(cands)
-                    sc2 = _cos(img.expand(len(cands), -1), enc.encode_texts(enc.tokenize(cands)))
+                    sc2 = row_cosine(img.expand(len(cands), -1), enc.encode_texts(enc.tokenize(cands)))
                     prob = torch.softmax(torch.tensor(scale * sc2), 0).numpy()
                     order = np.argsort(-prob)
                     rec.update(positive_word=w_pos, negative_word=w_neg, positive_word_expansion=pos_words,
@@ -370,11 +354,6 @@ def _expansions(cfg, enc, x_all, items, arrays, name) -> list[dict]:
 def _swap_word(text: str, old: str, new: str) -> str:
     words = text.split()
     return " ".join(new if w == old else w for w in words)
-
-
-def checklist_accuracy(scores: np.ndarray) -> float:
-    """Percent of items whose positive score is strictly above the negative one."""
-    return 100.0 * float((scores[:, 0] > scores[:, 1]).mean()) if len(scores) else float("nan")
 
 
 def results_from_eval(eval_dir: Path, data_dir: Path) -> dict:

@@ -43,7 +43,7 @@ def _thumbnail(item: Any, thumb: int, max_pixels: int):
     """One image as an RGB thumbnail fitting thumb x thumb (aspect kept), or raise with a reason."""
     from PIL import Image
 
-    from vlctl.index.extract import read_image
+    from vlctl.images import read_image
 
     if isinstance(item, Image.Image):
         im = item.convert("RGB")
@@ -123,7 +123,7 @@ def write_contact_sheet(
     """
     from PIL import Image, ImageDraw, ImageFont
 
-    from vlctl.index.extract import DEFAULT_MAX_PIXELS
+    from vlctl.images import DEFAULT_MAX_PIXELS
 
     if not isinstance(thumb, int) or thumb < 8:
         raise VlctlError(f"contact sheet: thumb must be an integer >= 8 pixels, got {thumb!r}")

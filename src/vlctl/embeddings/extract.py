@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import os
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,15 +25,9 @@ import torch
 from tqdm.auto import tqdm
 
 from vlctl.config import opt
-from vlctl.index.gallery import Gallery, IndexConfig, open_or_create_gallery
+from vlctl.embeddings.store import IndexConfig, Store, open_or_create_store
+from vlctl.images import DEFAULT_MAX_PIXELS, ImageDecodeError, read_image
 from vlctl.io import VlctlError
-
-# PIL's own default (Image.MAX_IMAGE_PIXELS): ~89.5 Mpx, a 1024 x 1024 x 3 x 85 byte budget.
-DEFAULT_MAX_PIXELS = 89_478_485
-
-
-class ImageDecodeError(VlctlError):
-    """One image file could not be used (its path and the reason are in the message)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,34 +46,6 @@ class ExtractConfig:
                 raise VlctlError(f"ExtractConfig.{f} must be a positive integer, got {getattr(self, f)!r}")
         if not isinstance(self.workers, int) or self.workers < 0:
             raise VlctlError(f"ExtractConfig.workers must be >= 0, got {self.workers!r}")
-
-
-def read_image(path: str | os.PathLike, max_pixels: int = DEFAULT_MAX_PIXELS):
-    """Open and fully decode an image as RGB PIL image, or raise ImageDecodeError.
-
-    The pixel count is checked from the header, before decoding, so a decompression bomb never
-    allocates its pixels. Truncated files are errors (PIL's LOAD_TRUNCATED_IMAGES is not used).
-    """
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with warnings.catch_warnings():
-            # PIL warns above MAX_IMAGE_PIXELS and raises above twice that; our own limit decides.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
-                w, h = im.size
-                if w * h > max_pixels:
-                    raise ImageDecodeError(
-                        f"{path}: {w} x {h} = {w * h} pixels exceeds the limit of {max_pixels} "
-                        "(possible decompression bomb; refused)"
-                    )
-                return im.convert("RGB")
-    except ImageDecodeError:
-        raise
-    except Image.DecompressionBombError as e:
-        raise ImageDecodeError(f"{path}: refused as a decompression bomb ({e})") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as e:
-        raise ImageDecodeError(f"{path}: cannot decode image ({type(e).__name__}: {e})") from None
 
 
 def _preprocess_fn(encoder: Any):
@@ -156,6 +121,86 @@ class ExtractResult:
         return len(self.ok) / self.seconds if self.seconds > 0 else float("inf")
 
 
+# --- arrays (generated sets, in-memory images) ----------------------------------------------
+
+
+def _device_of(encoder: Any) -> torch.device:
+    """Where the encoder's weights live, so input batches can be moved there."""
+    dev = getattr(encoder, "device", None)
+    if dev is not None:
+        return torch.device(dev)
+    if isinstance(encoder, torch.nn.Module):
+        for p in encoder.parameters():
+            return p.device
+    return torch.device("cpu")
+
+
+def check_image_array(images: Any) -> int:
+    """The number of images in an (N, H, W, 3) uint8 array-like; VlctlError if it is not one."""
+    shape = tuple(images.shape)
+    if len(shape) != 4 or shape[-1] != 3:
+        raise VlctlError(f"images: expected an array of shape (N, H, W, 3), got shape {shape}")
+    try:
+        dtype = np.dtype(images.dtype)
+    except TypeError:  # e.g. a torch dtype; each batch is checked after conversion instead
+        dtype = None
+    if dtype is not None and dtype != np.uint8:
+        raise VlctlError(f"images: expected dtype uint8, got {dtype}")
+    if shape[0] == 0:
+        raise VlctlError("images: no images given (N = 0)")
+    return int(shape[0])
+
+
+def _check_output(emb: torch.Tensor, n: int, dim: int, encoder_id: str, what: str) -> np.ndarray:
+    if tuple(emb.shape) != (n, dim):
+        raise VlctlError(f"encoder {encoder_id!r}: {what} returned shape {tuple(emb.shape)}, expected ({n}, {dim})")
+    return emb.detach().float().cpu().numpy()
+
+
+def _preprocess_batch(encoder: Any, batch: np.ndarray) -> torch.Tensor:
+    if hasattr(encoder, "preprocess_batch"):
+        return encoder.preprocess_batch(batch)
+    return torch.stack([encoder.preprocess(im) for im in batch])
+
+
+def embed_text_list(encoder: Any, texts: list[str], out: np.ndarray, batch_size: int, progress: bool) -> None:
+    """Embed `texts` in batches into `out` (len(texts), dim), L2-normalised, in input order."""
+    device, dim = _device_of(encoder), out.shape[1]
+    with tqdm(total=len(texts), desc="embed texts", unit="text", disable=not progress) as bar:
+        for i in range(0, len(texts), batch_size):
+            batch = texts[i : i + batch_size]
+            # The tokenizer's VlctlError (e.g. a caption over the context length) passes through.
+            tokens = encoder.tokenize(batch).to(device)
+            with torch.inference_mode():
+                emb = encoder.encode_texts(tokens, normalize=True)
+            out[i : i + len(batch)] = _check_output(emb, len(batch), dim, encoder.id, "encode_texts")
+            bar.update(len(batch))
+
+
+def embed_image_array(encoder: Any, images: Any, n: int, out: np.ndarray, batch_size: int, progress: bool) -> None:
+    """Embed an (n, H, W, 3) uint8 array-like (a memmap is read `batch_size` rows at a time) into
+    `out` (n, dim), L2-normalised, with the encoder's batched or per-image preprocessing."""
+    device, dim = _device_of(encoder), out.shape[1]
+    with tqdm(total=n, desc="embed images", unit="img", disable=not progress) as bar:
+        for i in range(0, n, batch_size):
+            # Slicing a memmap reads only these rows, so a dataset larger than memory is fine.
+            # The copy gives preprocessing a writable in-memory batch (torch.from_numpy warns on
+            # read-only memmap views).
+            batch = np.array(images[i : i + batch_size])
+            if batch.dtype != np.uint8 or batch.ndim != 4 or batch.shape[-1] != 3:
+                raise VlctlError(
+                    f"images[{i}:{i + len(batch)}]: expected uint8 (n, H, W, 3), got {batch.dtype} {batch.shape}"
+                )
+            x = _preprocess_batch(encoder, batch).to(device)
+            with torch.inference_mode():
+                emb = encoder.encode_images(x, normalize=True)
+            out[i : i + len(batch)] = _check_output(emb, len(batch), dim, encoder.id, "encode_images")
+            bar.update(len(batch))
+
+
+# --- image files -----------------------------------------------------------------------------
+
+
 def embed_image_files(
     encoder: Any, paths: Sequence[str | os.PathLike], config: ExtractConfig | None = None, progress: bool = True
 ) -> ExtractResult:
@@ -210,7 +255,7 @@ def index_images(
     extract: ExtractConfig | None = None,
     encoder_spec: str | None = None,
     progress: bool = True,
-) -> tuple[Gallery | None, dict]:
+) -> tuple[Store | None, dict]:
     """Embed images into the gallery at `out` (created if absent; otherwise only new paths are added).
 
     Each row's metadata is {"path": the absolute path, **metadata[i]}. Returns the gallery and a
@@ -237,7 +282,7 @@ def index_images(
     gallery, state = None, None
     if rank == 0:
         try:
-            gallery = open_or_create_gallery(
+            gallery = open_or_create_store(
                 out, encoder.id, int(encoder.embed_dim), index_config, encoder_spec=encoder_spec
             )
             present = {m.get("path") for m in gallery.metadata()} if len(gallery) else set()

@@ -1,13 +1,10 @@
-"""`vlctl index` and `vlctl search`: build a gallery from a folder of images, and query it.
+"""`vlctl embed`, `vlctl index`, `vlctl search`: the embeddings store.
 
-    vlctl index photos/ --encoder open_clip:ViT-B-32/laion2b_s34b_b79k --out gallery/
-    vlctl index photos/ --encoder hf:/models/siglip --out gallery/ --annotations labels.csv --index-kind hnsw
-    vlctl search gallery/ --text "a red bicycle" -k 10 --json
-    vlctl search gallery/ --image query.jpg
-    vlctl search gallery/ --embedding query.npy
-
-`register(sub, add)` adds both subcommands to vlctl's parser (cli.build_parser calls it).
-Heavy imports happen inside the handlers so `vlctl --help` stays instant.
+    vlctl embed photos/ --encoder open_clip:ViT-B-32/laion2b_s34b_b79k --out store/
+    vlctl index photos/ --encoder hf:/models/siglip --out store/ --annotations labels.csv --index-kind hnsw
+    vlctl search store/ --text "a red bicycle" -k 10 --json
+    vlctl search store/ --image query.jpg
+    vlctl search store/ --embedding query.npy
 """
 
 from __future__ import annotations
@@ -26,17 +23,17 @@ _INDEX_PREFIX = "index-"  # IndexConfig fields become --index-kind, --index-nlis
 
 def _index_config_or_none(args: argparse.Namespace):
     """The IndexConfig from --index-* flags, or None when none was given (keep the gallery's own)."""
-    from vlctl.index.gallery import IndexConfig
+    from vlctl.embeddings.store import IndexConfig
 
     if all(getattr(args, _INDEX_PREFIX + f.name) is None for f in dataclasses.fields(IndexConfig)):
         return None
     return config_from_args(IndexConfig, args, prefix=_INDEX_PREFIX)
 
 
-def _cmd_index(args: argparse.Namespace) -> dict:
+def index(args: argparse.Namespace) -> dict:
     from vlctl.data.loaders import load_image_folder
+    from vlctl.embeddings.extract import ExtractConfig, index_images
     from vlctl.encoders import create
-    from vlctl.index.extract import ExtractConfig, index_images
     from vlctl.train.distributed import destroy_distributed, init_distributed
 
     data = load_image_folder(args.dir, args.annotations, on_missing="skip" if args.skip_missing else "error")
@@ -109,13 +106,13 @@ def _tevi_reranker(spec: str, gallery):
     return TEVI.load(path, encoder_id=gallery.encoder_id).gallery_reranker()
 
 
-def _cmd_search(args: argparse.Namespace) -> dict:
+def search(args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
 
+    from vlctl.embeddings.store import open_gallery
     from vlctl.encoders import create
-    from vlctl.index.extract import read_image
-    from vlctl.index.gallery import open_gallery
+    from vlctl.images import read_image
 
     gallery = open_gallery(args.gallery)
     if args.embedding is not None:  # a raw query vector: no encoder needed
@@ -159,17 +156,17 @@ def _cmd_search(args: argparse.Namespace) -> dict:
     return {}
 
 
-def register(sub, add) -> None:
-    """Add `index` and `search` to the subparsers `sub`; `add` is cli.build_parser's helper
-    (adds the subparser with --json and the handler)."""
+def _spec_help() -> str:
     from vlctl.encoders.factory import SPEC_FORMS
-    from vlctl.index.extract import ExtractConfig
-    from vlctl.index.gallery import IndexConfig
 
-    spec_help = "encoder spec: " + " | ".join(SPEC_FORMS)
-    p = add(
-        sub, "index", "embed a folder of images into a searchable gallery (incremental: new images only)", _cmd_index
-    )
+    return "encoder spec: " + " | ".join(SPEC_FORMS)
+
+
+def index_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.embeddings.extract import ExtractConfig
+    from vlctl.embeddings.store import IndexConfig
+
+    spec_help = _spec_help()
     p.add_argument("dir", help="image folder (searched recursively)")
     p.add_argument("--encoder", required=True, help=spec_help)
     p.add_argument("--out", required=True, help="gallery directory (created, or added to)")
@@ -192,7 +189,9 @@ def register(sub, add) -> None:
     add_config_args(p, ExtractConfig)
     add_config_args(p, IndexConfig, prefix=_INDEX_PREFIX)
 
-    p = add(sub, "search", "search a gallery by text or by image", _cmd_search)
+
+def search_args(p: argparse.ArgumentParser) -> None:
+    spec_help = _spec_help()
     p.add_argument("gallery", help="gallery directory (made by `vlctl index`)")
     q = p.add_mutually_exclusive_group(required=True)
     q.add_argument("--text", help="query text")
@@ -207,3 +206,28 @@ def register(sub, add) -> None:
     p.add_argument("-k", type=int, default=10, help="number of results (default: 10)")
     p.add_argument("--encoder", default=None, help=spec_help + " (default: the one recorded in the gallery)")
     p.add_argument("--device", default="cpu", help="torch device for the encoder (default: cpu)")
+
+
+def embed(args: argparse.Namespace) -> dict:
+    from vlctl.data.mad import load_mad, mad_dataset_id
+    from vlctl.embeddings.cache import embed
+    from vlctl.encoders import load_encoder
+
+    encoder = load_encoder(args.encoder)
+    data = load_mad(args.data)
+    cache = embed(
+        encoder,
+        images=data["images"],
+        texts=[lab["caption"] for lab in data["labels"]],
+        data_id=mad_dataset_id(args.data),
+        root=args.out,
+        batch_size=args.batch_size,
+    )
+    return {"cache": str(cache.path), "hit": cache.hit, "n_images": cache.meta["n_images"]}
+
+
+def embed_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--encoder", required=True, help="encoder directory (a saved TinyCLIP model/)")
+    p.add_argument("--data", required=True, help="dataset directory (MAD format)")
+    p.add_argument("--out", required=True, help="cache root; the entry is keyed by encoder, data and preprocessing")
+    p.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default: 256)")

@@ -1,0 +1,31 @@
+"""`vlctl train clip`: TinyCLIP from scratch (works under torchrun)."""
+
+from __future__ import annotations
+
+import argparse
+
+from vlctl.config import add_config_args, config_from_args
+
+
+def train_clip_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.train.clip import ClipTrainConfig
+    from vlctl.train.loop import LoopConfig
+
+    p.add_argument("--data", required=True, help="dataset directory (MAD format)")
+    p.add_argument("--out", required=True, help="run directory (checkpoint/, model/, log.jsonl)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint (config must match)")
+    add_config_args(p, ClipTrainConfig)
+    add_config_args(p, LoopConfig)
+
+
+def train_clip(args: argparse.Namespace) -> dict:
+    from vlctl.train.clip import ClipTrainConfig
+    from vlctl.train.clip import train_clip as run
+    from vlctl.train.distributed import destroy_distributed
+    from vlctl.train.loop import LoopConfig
+
+    result = run(args.data, args.out, cfg=config_from_args(ClipTrainConfig, args),
+                 loop=config_from_args(LoopConfig, args), resume=args.resume)
+    # Only on success: after a failure on one rank a barrier here would wait for the others.
+    destroy_distributed()
+    return {"out": str(args.out), "steps": result.steps, "seconds": result.seconds}
