@@ -131,8 +131,8 @@ def extract_bench(n_images: int, batch_size: int, workers: int, model: str, work
     import torch
     from PIL import Image
 
-    from vlctl.encoders import create
     from vlctl.embeddings.extract import ExtractConfig, embed_image_files
+    from vlctl.encoders import create
 
     rng = np.random.default_rng(0)
     paths = []

@@ -393,3 +393,53 @@ def test_positive_pair_cosine_validation():
         positive_pair_cosine(np.ones((3, 2)), np.ones((2, 2)))
     with pytest.raises(ValueError, match="text_emb"):
         positive_pair_cosine(np.ones((3, 2)), np.ones((3, 4)))
+
+
+# --------------------------------------------------------------------------------------------
+# recall_from_order, caption_relevance, checklist_accuracy (and eval.checklist)
+
+
+def test_recall_from_order_hand_computed():
+    # 3 candidates x 2 queries; query 0 ranks 2, 0, 1 (relevant: 0 -> first hit at rank 1),
+    # query 1 ranks 1, 2, 0 (relevant: none)
+    order = np.array([[2, 1], [0, 2], [1, 0]])
+    relevant = np.array([[True, False], [False, False], [False, False]])
+    assert metrics.recall_from_order(order, relevant, ks=(1, 2, 3)) == {"@1": 0.0, "@2": 50.0, "@3": 50.0}
+    with pytest.raises(ValueError, match="boolean"):
+        metrics.recall_from_order(order, relevant.astype(int))
+    with pytest.raises(ValueError, match="n_queries"):
+        metrics.recall_from_order(order, relevant[:, :1])
+
+
+def test_caption_relevance():
+    img = np.array([[0, 1], [1, 1]])  # image 0: attribute values (0, 1); image 1: (1, 1)
+    cap = np.array([[0, -1], [-1, 1], [1, 0], [-1, -1]])  # names a0=0 | a1=1 | a0=1, a1=0 | nothing
+    want = np.array([[True, True, False, True], [False, True, False, True]])
+    np.testing.assert_array_equal(metrics.caption_relevance(img, cap), want)
+    with pytest.raises(ValueError, match="n_attributes"):
+        metrics.caption_relevance(img, cap[:, :1])
+
+
+def test_checklist_accuracy_and_scores():
+    from vlctl.eval.checklist import checklist_scores
+
+    assert metrics.checklist_accuracy(np.array([[0.5, 0.1], [0.2, 0.2], [0.1, 0.3], [0.9, 0.0]])) == 50.0
+    assert np.isnan(metrics.checklist_accuracy(np.zeros((0, 2))))
+    with pytest.raises(ValueError, match=r"\(n, 2\)"):
+        metrics.checklist_accuracy(np.zeros((3, 3)))
+
+    class Enc:  # unit vectors: images as given, texts by their first character
+        def encode_images(self, x):
+            return torch.as_tensor(x, dtype=torch.float32)
+
+        def tokenize(self, texts):
+            return list(texts)
+
+        def encode_texts(self, tokens):
+            return torch.tensor([{"a": [1.0, 0.0], "b": [0.0, 1.0]}[t[0]] for t in tokens])
+
+    x = np.array([[1.0, 0.0], [0.0, 1.0]])
+    items = {"cat": [{"index": 0, "pos": "a", "neg": "b"}, {"index": 1, "pos": "a", "neg": "b"}]}
+    scores = checklist_scores(Enc(), x, items)
+    np.testing.assert_array_equal(scores["cat"], [[1.0, 0.0], [0.0, 1.0]])
+    assert scores["cat"].dtype == np.float64 and metrics.checklist_accuracy(scores["cat"]) == 50.0

@@ -34,8 +34,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("cluster", "methods:cluster", "cluster a store by one attribute (ControlEmbed) and draw a contact sheet per cluster"),
     ("explain", "explain:explain", "HilaCAM / Anchor / DiRe relevancy overlays of one image and its text(s) (3VL)"),
     ("tree", "explain:tree", "print the 3VL caption tree (levels and one-word hard negatives) of a caption"),
-    ("eval retrieval", "evaluate:eval_retrieval", "zero-shot image-text retrieval recall@k both ways "
-     "(CLIP_benchmark's definition; --dataset rococo adds the altered captions as distractors)"),
+    ("eval retrieval", "evaluate:eval_retrieval", "zero-shot image-text retrieval recall@k both ways (CLIP_benchmark)"),
     ("reproduce", "evaluate:reproduce", "run a paper reproduction recipe stage by stage, with caching"),
 )
 

@@ -24,25 +24,27 @@ class FitTrainConfig:
     device: str = opt("cpu", "cpu or cuda")
 
 
-def _open(cache_dir: str, need_texts: bool):
-    from vlctl.embeddings.cache import open_cache
+def _open(path: str, need_texts: bool):
+    """The store at `path` (`vlctl embed` / `vlctl index`), with image rows, and captions if needed."""
+    from vlctl.embeddings.store import open_store
 
-    cache = open_cache(cache_dir)
-    if cache.image_emb is None:
-        raise VlctlError(f"{cache_dir}: the embedding cache holds no image embeddings")
-    if need_texts:
-        if cache.text_emb is None:
-            raise VlctlError(f"{cache_dir}: the embedding cache holds no text embeddings")
-        if len(cache.text_emb) != len(cache.image_emb):
-            raise VlctlError(f"{cache_dir}: {len(cache.image_emb)} images but {len(cache.text_emb)} texts; "
-                             "TEVI pairs image i with caption i")
-    return cache
+    store = open_store(path)
+    if store.image_emb is None:
+        raise VlctlError(f"{path}: the store holds no image embeddings")
+    if need_texts and store.text_emb is None:
+        raise VlctlError(f"{path}: the store holds no captions (text rows); embed a source with captions, e.g. "
+                         "a folder with --annotations captions.csv")
+    return store
+
+
+def _store_arg(p: argparse.ArgumentParser, help_: str) -> None:
+    p.add_argument("--store", "--cache", dest="store", required=True, help=help_ + " (`vlctl embed` / `vlctl index`)")
 
 
 def fit_sae(args: argparse.Namespace) -> dict:
     from vlctl.methods.sae import _ARCH_FIELDS, SparseAutoencoder, TopKSAEConfig
 
-    cache = _open(args.cache, need_texts=False)
+    cache = _open(args.store, need_texts=False)
     arch = config_from_args(TopKSAEConfig, args)
     kwargs = {**{f: getattr(arch, f) for f in _ARCH_FIELDS}, **dataclasses.asdict(config_from_args(FitTrainConfig, args))}
     if args.concepts:
@@ -74,13 +76,14 @@ def fit_tevi(args: argparse.Namespace) -> dict:
     from vlctl.methods.sae import SparseAutoencoder
     from vlctl.methods.tevi import TEVI, TeviConfig
 
-    cache = _open(args.cache, need_texts=True)
+    cache = _open(args.store, need_texts=True)
+    image_emb, text_emb = cache.pairs()  # one row per caption: TEVI learns from image-caption pairs
     sae = SparseAutoencoder.load(args.sae, encoder_id=cache.encoder_id)
     cfg = config_from_args(TeviConfig, args)
     train = config_from_args(FitTrainConfig, args)
     tevi = TEVI(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(TeviConfig) if f.name not in ("d", "n_latents")},
                 **dataclasses.asdict(train), progress=True)
-    tevi.fit(sae, np.asarray(cache.image_emb), np.asarray(cache.text_emb))
+    tevi.fit(sae, image_emb, text_emb)
     tevi.save(args.out)
     return {"out": str(args.out)}
 
@@ -90,34 +93,37 @@ def score_tevi(args: argparse.Namespace) -> dict:
     from vlctl.io import atomic_save_npz
     from vlctl.methods.tevi import TEVI
 
-    cache = _open(args.cache, need_texts=True)
-    tevi = TEVI.load(args.tevi, encoder_id=cache.encoder_id)
-    img, txt = np.asarray(cache.image_emb), np.asarray(cache.text_emb)
+    store = _open(args.store, need_texts=True)
+    tevi = TEVI.load(args.tevi, encoder_id=store.encoder_id)
+    img, txt = np.asarray(store.image_emb), np.asarray(store.text_emb)
+    image_of_text = store.image_of_text()
     base = img @ txt.T
     if args.rerank:
-        rr = tevi.rerank(base, img, txt, k=args.rerank)
-        order = rr.order.numpy()
-        # Scores whose per-text ranking is the reranked one: rank-based, best = n_images.
-        scores = np.empty_like(base)
-        np.put_along_axis(scores, order, np.arange(len(img), 0, -1, dtype=base.dtype)[:, None], axis=0)
+        if args.rerank < 1:
+            raise VlctlError(f"--rerank must be >= 1 (candidates per caption), got {args.rerank}")
+        k = min(args.rerank, len(img))
+        order = tevi.rerank(base, img, txt, k=k).order.numpy()  # (k, n_texts): each caption's top k, reranked
+        # Scores whose per-text ranking is the reranked one: the top k get k, k-1, ..., 1; the rest
+        # keep CLIP's order below them.
+        scores = base - base.max() - 1.0
+        np.put_along_axis(scores, order, np.arange(k, 0, -1, dtype=base.dtype)[:, None], axis=0)
     else:
         scores = tevi.scores(img, txt).numpy()
-    atomic_save_npz(args.out, scores=scores, base_scores=base)
+    atomic_save_npz(args.out, scores=scores, base_scores=base, image_of_text=image_of_text)
     result = {"out": str(args.out), "shape": list(scores.shape)}
-    paired = np.arange(len(img))
-    result["recall_clip"] = recall_at_k(base, paired)
+    result["recall_clip"] = recall_at_k(base, image_of_text)
     result["recall_tevi" + ("_rerank" if args.rerank else "")] = {
-        k: v for k, v in recall_at_k(scores, paired).items() if k.startswith("t2i") or not args.rerank}
+        k: v for k, v in recall_at_k(scores, image_of_text).items() if k.startswith("t2i") or not args.rerank}
     return result
 
 
 def fit_sae_args(p: argparse.ArgumentParser) -> None:
     from vlctl.methods.sae import TopKSAEConfig
 
-    p.add_argument("--cache", required=True, help="embedding cache directory (from `vlctl embed`)")
+    _store_arg(p, "the store whose image embeddings the SAE learns")
     p.add_argument("--out", required=True, help="SAE directory to write (sae.safetensors + config.json)")
     p.add_argument("--concepts", help="CG-SAE: text file, one concept per line; decoder rows fixed to their embeddings")
-    p.add_argument("--encoder", help="the cache's encoder spec (tiny:DIR, open_clip:..., hf:...; needed with --concepts)")
+    p.add_argument("--encoder", help="the store's encoder spec (tiny:DIR, open_clip:..., hf:...; needed with --concepts)")
     add_config_args(p, TopKSAEConfig, exclude=("d", "concepts_fixed"))
     add_config_args(p, FitTrainConfig)
 
@@ -125,7 +131,7 @@ def fit_sae_args(p: argparse.ArgumentParser) -> None:
 def fit_tevi_args(p: argparse.ArgumentParser) -> None:
     from vlctl.methods.tevi import TeviConfig
 
-    p.add_argument("--cache", required=True, help="embedding cache with images and their captions (row i = pair i)")
+    _store_arg(p, "a store with images and their captions")
     p.add_argument("--sae", required=True, help="SAE directory from `vlctl fit sae` (same encoder as the cache)")
     p.add_argument("--out", required=True, help="TEVI directory to write")
     add_config_args(p, TeviConfig, exclude=("d", "n_latents"))
@@ -133,93 +139,125 @@ def fit_tevi_args(p: argparse.ArgumentParser) -> None:
 
 
 def score_tevi_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cache", required=True, help="embedding cache with images and captions")
+    _store_arg(p, "a store with images and captions")
     p.add_argument("--tevi", required=True, help="TEVI directory from `vlctl fit tevi`")
     p.add_argument("--out", required=True, help="output .npz: scores (n_images, n_texts) and base_scores (CLIP)")
     p.add_argument("--rerank", type=int, default=0, help="rerank CLIP's top K per caption instead of scoring all "
                    "pairs (scores then rank-encode the reranked order)")
 
 
+_NOT_LABELS = ("path", "relpath", "captions", "row", "key", "shard", "split")  # row fields that are no attribute
+
+
+def _read_labels(store, labels_file: str | None, image_column: str | None) -> list[dict]:
+    """One dict of attribute values per image row: the store's own fields, or those of a label CSV /
+    TSV / JSONL (an image column, then one column per attribute) matched to the rows by path."""
+    from pathlib import Path
+
+    rows = store.metadata()
+    if labels_file is None:
+        return [{k: v for k, v in r.items() if k not in _NOT_LABELS} for r in rows]
+    from vlctl.data.loaders.common import IMAGE_COLUMNS, _pick, _read_table
+
+    path = Path(labels_file)
+    cols, table = _read_table(path)
+    img_col = _pick(cols, image_column, IMAGE_COLUMNS, path, "image path")
+    by_name: dict[str, dict] = {}
+    for n, row in enumerate(table, 1):
+        name = row.get(img_col)
+        if not isinstance(name, str) or not name:
+            raise VlctlError(f"{path}: row {n} has no {img_col!r}")
+        by_name[name] = {k: v for k, v in row.items() if k != img_col and v not in (None, "")}
+    out, matched = [], 0
+    for r in rows:
+        keys = [r.get("relpath"), r.get("path"), Path(r.get("path", "")).name]
+        hit = next((by_name[k] for k in keys if k in by_name), None)
+        matched += hit is not None
+        out.append(hit or {})
+    if not matched:
+        example = next(iter(by_name), "")
+        raise VlctlError(f"{path}: no {img_col!r} value names an image of the store {store.path} (e.g. {example!r}; "
+                         f"the store's rows are named like {rows[0].get('relpath') or rows[0].get('path')!r})")
+    return out
+
+
 def fit_controlembed(args: argparse.Namespace) -> dict:
-    from vlctl.config import config_to_dict
-    from vlctl.data.mad import load_mad, mad_dataset_id
-    from vlctl.data.shapes import VALUES, label_indices, subclass_phrase
-    from vlctl.embeddings.cache import embed
-    from vlctl.encoders import load_encoder
+    from vlctl.encoders import create
     from vlctl.methods.hyper import ControlEmbed, ControlEmbedParams, prompt_ensemble
 
-    encoder = load_encoder(args.encoder)
-    data = load_mad(args.data)
-    if data["meta"].get("format") != "vlctl-shapes":
-        raise VlctlError(f"{args.data}: fit controlembed reads shapes directories (vlctl data shapes)")
-    cache = embed(encoder, images=data["images"], data_id=mad_dataset_id(args.data), root=args.cache, progress=False)
-    categories = args.categories or list(VALUES)
+    store = _open(args.store, need_texts=False)
+    spec = args.encoder or store.encoder_spec
+    if not spec:
+        raise VlctlError(f"{args.store}: the store records no encoder spec; pass --encoder SPEC")
+    encoder = create(spec)
+    store.check_encoder(encoder.id)  # the class prompts must be embedded in the store's space
+    fields = _read_labels(store, args.labels, args.image_column)
+    found = sorted({k for f in fields for k, v in f.items() if isinstance(v, (str, int))})
+    categories = args.categories or found
+    unknown = [c for c in categories if c not in found]
+    if unknown or not categories:
+        raise VlctlError(f"{args.labels or args.store}: no labels for attribute(s) {unknown or categories}; the "
+                         f"labelled attributes are {found}")
+    keep = np.array([all(c in f for c in categories) for f in fields])
+    if keep.sum() < 4:
+        raise VlctlError(f"{args.labels or args.store}: only {int(keep.sum())} images are labelled in every "
+                         f"attribute of {categories}; ControlEmbed needs at least two images per subclass")
+    labels = {c: [str(f[c]) for f, k in zip(fields, keep) if k] for c in categories}
+    shapes = str(store.info.get("data_id", "")).startswith("shapes-")  # the shapes set's own phrasing
 
-    def encode_texts(texts: list[str]):
-        import torch
+    def phrase(category: str, value: str) -> str:
+        if shapes:
+            from vlctl.data.shapes import subclass_phrase
 
-        with torch.inference_mode():
-            return encoder.encode_texts(encoder.tokenize(texts)).numpy()
+            return subclass_phrase(category, value)
+        return value
 
-    labels = {c: label_indices(data["labels"], c) for c in categories}
-    text = {c: prompt_ensemble(encode_texts, [subclass_phrase(c, VALUES[c][k]) for k in sorted(set(labels[c]))],
+    text = {c: prompt_ensemble(lambda t: encoder.embed_texts(t), [phrase(c, v) for v in sorted(set(labels[c]))],
                                args.templates) for c in categories}
     params = config_from_args(ControlEmbedParams, args)
     model = ControlEmbed(**config_to_dict(params), progress=not args.json).fit(
-        cache.image_emb, labels, encoder_id=encoder.id, class_text_emb=text)
+        np.asarray(store.image_emb)[keep], labels, encoder_id=encoder.id, class_text_emb=text)
     model.save(args.out)
-    return {"out": str(args.out), "encoder_id": encoder.id, "categories": categories, "final_loss": model.final_loss_}
+    return {"out": str(args.out), "encoder_id": encoder.id, "categories": categories, "images": int(keep.sum()),
+            "unlabelled_images": int((~keep).sum()), "final_loss": model.final_loss_}
 
 
 def fit_controlembed_args(p: argparse.ArgumentParser) -> None:
     from vlctl.methods.hyper import DEFAULT_TEMPLATES, ControlEmbedParams
 
-    p.add_argument("--encoder", required=True, help="encoder directory (a saved TinyCLIP model/)")
-    p.add_argument("--data", required=True, help="shapes directory (vlctl data shapes)")
+    _store_arg(p, "the store of the images to learn the attributes from")
     p.add_argument("--out", required=True, help="model directory (controlembed.safetensors + config.json)")
-    p.add_argument("--cache", required=True, help="embedding cache root (the images are embedded once)")
-    p.add_argument("--categories", nargs="+", default=None, help="categories to train on (default: all four)")
+    p.add_argument("--labels", default=None, help="a CSV / TSV / JSONL with an image column (path relative to the "
+                   "folder that was embedded, or the file name) and one column per attribute (default: the attribute "
+                   "fields the store's rows carry, e.g. from `vlctl embed --annotations` or a generated set)")
+    p.add_argument("--image-column", default=None, help="the --labels column naming the image (default: the first of "
+                   "filepath, image, image_path, path, file, filename)")
+    p.add_argument("--encoder", default=None, help="encoder spec for the subclass prompts (default: the store's)")
+    p.add_argument("--categories", nargs="+", default=None, help="attributes to train on (default: every labelled one)")
     p.add_argument("--templates", nargs="+", default=list(DEFAULT_TEMPLATES),
                    help="prompt templates with {} for the subclass, averaged per subclass")
     add_config_args(p, ControlEmbedParams)
 
 
 def _open_cluster_source(path: str, data: str | None):
-    """GALLERY -> (embeddings (N, D), encoder id, kind, image of row i for contact sheets or None).
+    """STORE -> (embeddings (N, D), encoder id, kind, image of rows `ids` for contact sheets or None).
 
-    A `vlctl index` gallery (manifest.json) holds the image paths in its metadata; an embedding
-    cache (meta.json, `vlctl embed`) holds only embeddings, so its images come from the dataset
-    directory `--data` (its memmap), which must be the data the cache was embedded from.
+    A store of files names each image's path in its rows; a store of a generated set names the
+    set's directory (or `--data` does), whose memory-mapped images must be the ones embedded.
     """
-    root = Path(path)
-    if (root / "manifest.json").is_file():
-        from vlctl.embeddings.store import open_gallery
+    store = _open(path, need_texts=False)
+    images, kind = None, "embeddings"
+    if "path" in store.metadata([0])[0]:
+        images, kind = (lambda ids: [m.get("path", "") for m in store.metadata(ids)]), "files"
+    elif data is not None or store.info.get("source"):
+        from vlctl.data.source import open_source
 
-        gallery = open_gallery(root)
-        if len(gallery) == 0:
-            raise VlctlError(f"{root}: the gallery is empty; nothing to cluster")
-        return gallery.embeddings(), gallery.encoder_id, "gallery", lambda ids: [
-            m.get("path", "") for m in gallery.metadata(ids)]
-    if (root / "meta.json").is_file():
-        from vlctl.embeddings.cache import open_cache
-
-        cache = open_cache(root)
-        if cache.image_emb is None:
-            raise VlctlError(f"{root}: the embedding cache holds no image embeddings")
-        images = None
-        if data is not None:
-            from vlctl.data.mad import load_mad, mad_dataset_id
-
-            if mad_dataset_id(data) != cache.meta["data_id"]:
-                raise VlctlError(f"{data}: not the data the cache {root} was embedded from (data id "
-                                 f"{mad_dataset_id(data)!r}, the cache records {cache.meta['data_id']!r})")
-            arr = load_mad(data)["images"]
-            if len(arr) != len(cache.image_emb):
-                raise VlctlError(f"{data}: {len(arr)} images, the cache {root} holds {len(cache.image_emb)}")
-            images = lambda ids: [arr[i] for i in ids]
-        return cache.image_emb, cache.encoder_id, "cache", images
-    raise VlctlError(f"{root}: neither a gallery (no manifest.json; build one with `vlctl index`) nor an "
-                     "embedding cache (no meta.json; `vlctl embed`)")
+        source = open_source(data or store.info["source"])
+        if source.data_id != store.info.get("data_id") or len(source) != len(store):
+            raise VlctlError(f"{source.name}: not the data the store {path} was embedded from (data id "
+                             f"{source.data_id!r}, the store records {store.info.get('data_id')!r})")
+        images, kind = (lambda ids: [source.array[i] for i in ids]), "generated"
+    return np.asarray(store.image_emb), store.encoder_id, kind, images
 
 
 def cluster(args: argparse.Namespace) -> dict:
@@ -228,9 +266,9 @@ def cluster(args: argparse.Namespace) -> dict:
     from vlctl.io import atomic_write_json
     from vlctl.methods.hyper import ControlEmbed, normalize_rows
 
-    if (args.gallery is None) == (args.gallery_flag is None):
-        raise VlctlError("cluster: give the gallery once, as GALLERY or --gallery")
-    source = args.gallery if args.gallery is not None else args.gallery_flag
+    if (args.store is None) == (args.store_flag is None):
+        raise VlctlError("cluster: give the store once, as STORE or --store")
+    source = args.store if args.store is not None else args.store_flag
     if args.per_sheet < 1:
         raise VlctlError(f"--per-sheet must be >= 1, got {args.per_sheet}")
     emb, encoder_id, kind, images_of = _open_cluster_source(source, args.data)
@@ -238,7 +276,7 @@ def cluster(args: argparse.Namespace) -> dict:
     if model.encoder_id_ != encoder_id:
         raise VlctlError(f"{source}: embeddings come from encoder {encoder_id!r}, but the ControlEmbed model "
                          f"{args.controlembed} was fitted on {model.encoder_id_!r}; maps of one embedding space are "
-                         "meaningless in another (fit ControlEmbed on this gallery's encoder)")
+                         "meaningless in another (fit ControlEmbed on this store's encoder)")
     ids = model.cluster(emb, args.attribute, args.k, seed=args.seed, encoder_id=encoder_id)
     k = args.k if args.k is not None else len(model.subclasses_[args.attribute])  # cluster() checked both
     # The space k-means ran in (ControlEmbed.cluster's own): "nearest the centre" is measured there.
@@ -256,14 +294,14 @@ def cluster(args: argparse.Namespace) -> dict:
                 best = np.argmax(texts @ (centre / max(np.linalg.norm(centre), 1e-12)))
                 info["subclass"] = model.subclasses_[args.attribute][best]
         clusters.append(info)
-    result = {"attribute": args.attribute, "k": k, "model": str(args.controlembed), "gallery": str(source),
-              "gallery_kind": kind, "encoder_id": encoder_id, "seed": args.seed, "n_images": len(ids),
+    result = {"attribute": args.attribute, "k": k, "model": str(args.controlembed), "store": str(source),
+              "store_kind": kind, "encoder_id": encoder_id, "seed": args.seed, "n_images": len(ids),
               "cluster_sizes": {c["id"]: c["size"] for c in clusters if c["size"]}}
     if not args.out:
         return result
     out = Path(args.out)
     record = {**result, "cluster_of_image": ids.tolist(), "clusters": clusters}
-    if kind == "gallery" and images_of is not None:
+    if kind == "files":
         record["images"] = images_of(np.arange(len(ids)))
     if out.suffix.lower() == ".json":  # the pre-contact-sheet form: only the cluster of every image
         atomic_write_json(out, record)
@@ -291,16 +329,15 @@ def cluster(args: argparse.Namespace) -> dict:
     atomic_write_json(out / "clusters.json", record)  # last: its presence marks a complete output
     result.update(out=str(out), contact_sheets=len(sheets), unreadable_images=unreadable)
     if images_of is None:
-        result["note"] = "no contact sheets: an embedding cache holds no images; pass --data DIR (its dataset)"
+        result["note"] = "no contact sheets: the store names no images; pass --data DIR (the set it was embedded from)"
     return result
 
 
 def cluster_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("gallery", nargs="?", default=None,
-                   help="gallery directory (vlctl index), or an embedding cache directory (vlctl embed)")
-    p.add_argument("--gallery", dest="gallery_flag", default=None, help="the same as GALLERY")
+    p.add_argument("store", nargs="?", default=None, help="store directory (vlctl embed / vlctl index)")
+    p.add_argument("--store", "--gallery", dest="store_flag", default=None, help="the same as STORE")
     p.add_argument("--controlembed", "--model", dest="controlembed", required=True,
-                   help="ControlEmbed model directory (vlctl fit controlembed), fitted on the gallery's encoder")
+                   help="ControlEmbed model directory (vlctl fit controlembed), fitted on the store's encoder")
     p.add_argument("--attribute", required=True, help="attribute category text, e.g. shape")
     p.add_argument("--k", type=int, default=None, help="clusters (default: the category's number of subclasses)")
     p.add_argument("--seed", type=int, default=0, help="k-means seed (default: 0)")
@@ -310,8 +347,8 @@ def cluster_args(p: argparse.ArgumentParser) -> None:
                    help="images per contact sheet: those nearest the cluster centre (default: 32)")
     p.add_argument("--thumb", type=int, default=96, help="thumbnail side in pixels (default: 96)")
     p.add_argument("--cols", type=int, default=8, help="thumbnails per row (default: 8)")
-    p.add_argument("--data", default=None, help="for an embedding cache: the dataset directory it was embedded "
-                   "from (its images go on the contact sheets)")
+    p.add_argument("--data", default=None, help="for a store of a generated set: the set's directory, if it moved "
+                   "since it was embedded (its images go on the contact sheets)")
 
 
 def fit_tree(args) -> dict:

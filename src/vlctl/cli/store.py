@@ -21,54 +21,47 @@ _SHOWN_FAILURES = 10
 _INDEX_PREFIX = "index-"  # IndexConfig fields become --index-kind, --index-nlist, ...
 
 
-def _index_config_or_none(args: argparse.Namespace):
-    """The IndexConfig from --index-* flags, or None when none was given (keep the gallery's own)."""
-    from vlctl.embeddings.store import IndexConfig
+def _index_config(args: argparse.Namespace, default_kind: str):
+    """The IndexConfig from --index-* flags over `default_kind`; with no flag, an existing store
+    keeps its own index and a new one gets `default_kind`."""
+    from pathlib import Path
 
-    if all(getattr(args, _INDEX_PREFIX + f.name) is None for f in dataclasses.fields(IndexConfig)):
-        return None
-    return config_from_args(IndexConfig, args, prefix=_INDEX_PREFIX)
+    from vlctl.embeddings.store import IndexConfig, open_store
+
+    if any(getattr(args, _INDEX_PREFIX + f.name) is not None for f in dataclasses.fields(IndexConfig)):
+        return config_from_args(IndexConfig, args, base=IndexConfig(kind=default_kind), prefix=_INDEX_PREFIX)
+    if (Path(args.out) / "manifest.json").is_file():
+        return open_store(args.out).config
+    return IndexConfig(kind=default_kind)
 
 
-def index(args: argparse.Namespace) -> dict:
-    from vlctl.data.loaders import load_image_folder
-    from vlctl.embeddings.extract import ExtractConfig, index_images
+def _embed_into_store(args: argparse.Namespace, default_kind: str) -> dict:
+    from vlctl.data.source import open_source
+    from vlctl.embeddings.build import embed_source
+    from vlctl.embeddings.extract import ExtractConfig
     from vlctl.encoders import create
     from vlctl.train.distributed import destroy_distributed, init_distributed
 
-    data = load_image_folder(args.dir, args.annotations, on_missing="skip" if args.skip_missing else "error")
-    if not data.images:
-        raise VlctlError(f"{args.dir}: no images found (extensions: jpg, jpeg, png, webp, bmp, gif, tif)")
+    source = open_source(args.source, args.annotations, args.image_column, args.caption_column,
+                         on_missing="skip" if args.skip_missing else "error")
+    if not len(source):
+        raise VlctlError(f"{args.source}: no images found (extensions: jpg, jpeg, png, webp, bmp, gif, tif)")
     extract = config_from_args(ExtractConfig, args)
+    index_config = _index_config(args, default_kind)
     device = args.device
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under torchrun: one shard of the images per rank
         device = str(init_distributed("cuda" if args.device.startswith("cuda") else "cpu").device)
     encoder = create(args.encoder, device=device, precision=args.precision, batch_size=extract.batch_size)
-    captions = data.captions_by_image()
-    metadata = []
-    for i, rel in enumerate(data.images):
-        row = {"relpath": rel, **data.image_fields[i]}
-        if captions[i]:
-            row["captions"] = captions[i]
-        metadata.append(row)
-    gallery, report = index_images(
-        encoder,
-        data.image_paths(),
-        args.out,
-        metadata=metadata,
-        index_config=_index_config_or_none(args),
-        extract=extract,
-        encoder_spec=args.encoder,
-        progress=not args.no_progress,
-    )
+    store, report = embed_source(encoder, source, args.out, index_config, extract,
+                                 encoder_spec=getattr(encoder, "spec", args.encoder), progress=not args.no_progress)
     destroy_distributed()  # only on success: after a failure on one rank a barrier would wait forever
-    if gallery is None:  # a torchrun rank other than 0; rank 0 reports
+    if store is None:  # a torchrun rank other than 0; rank 0 reports
         return report
     report = {
-        "gallery": str(gallery.path),
-        "encoder_id": gallery.encoder_id,
-        "index": gallery.config.kind,
-        "missing_annotated_images": data.missing,
+        "store": str(store.path),
+        "encoder_id": store.encoder_id,
+        "index": store.config.kind,
+        "missing_annotated_images": source.missing,
         **report,
     }
     if not args.json:
@@ -80,6 +73,14 @@ def index(args: argparse.Namespace) -> dict:
             )
         report = {k: v for k, v in report.items() if k not in ("failures", "missing_annotated_images")}
     return report
+
+
+def embed(args: argparse.Namespace) -> dict:
+    return _embed_into_store(args, "none")
+
+
+def index(args: argparse.Namespace) -> dict:
+    return _embed_into_store(args, "flat")
 
 
 def _load_query_embedding(path: str):
@@ -96,61 +97,61 @@ def _load_query_embedding(path: str):
     return q
 
 
-def _tevi_reranker(spec: str, gallery):
-    """`tevi:DIR` -> a Reranker from a saved TEVI (refused unless fitted on the gallery's encoder)."""
+def _tevi_reranker(spec: str, store):
+    """`tevi:DIR` -> a Reranker from a saved TEVI (refused unless fitted on the store's encoder)."""
     from vlctl.methods.tevi import TEVI
 
     kind, _, path = spec.partition(":")
     if kind != "tevi" or not path:
         raise VlctlError(f"--rerank {spec!r}: expected tevi:DIR (a directory written by `vlctl fit tevi`)")
-    return TEVI.load(path, encoder_id=gallery.encoder_id).gallery_reranker()
+    return TEVI.load(path, encoder_id=store.encoder_id).store_reranker()
 
 
 def search(args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
 
-    from vlctl.embeddings.store import open_gallery
+    from vlctl.embeddings.store import open_store
     from vlctl.encoders import create
     from vlctl.images import read_image
 
-    gallery = open_gallery(args.gallery)
+    store = open_store(args.store)
     if args.embedding is not None:  # a raw query vector: no encoder needed
-        result = gallery.search(_load_query_embedding(args.embedding), k=args.k)
+        result = store.search(_load_query_embedding(args.embedding), k=args.k)
         query: dict = {"embedding": args.embedding}
     else:
-        spec = args.encoder or gallery.encoder_spec
+        spec = args.encoder or store.encoder_spec
         if not spec:
-            raise VlctlError(f"{args.gallery}: the gallery records no encoder spec; pass --encoder SPEC")
+            raise VlctlError(f"{args.store}: the store records no encoder spec; pass --encoder SPEC")
         encoder = create(spec, device=args.device)
-        gallery.check_encoder(encoder.id)  # the same spec may now point at other weights
+        store.check_encoder(encoder.id)  # the same spec may now point at other weights
         if args.text is not None:
             kw = {}
             if args.rerank:
-                kw = {"reranker": _tevi_reranker(args.rerank, gallery), "candidates": args.rerank_candidates}
-            result = gallery.search_texts(encoder, [args.text], k=args.k, **kw)
+                kw = {"reranker": _tevi_reranker(args.rerank, store), "candidates": args.rerank_candidates}
+            result = store.search_texts(encoder, [args.text], k=args.k, **kw)
             query = {"text": args.text, **({"rerank": args.rerank} if args.rerank else {})}
         else:
             image = read_image(args.image)
             pre = getattr(encoder, "preprocess_pil", None)
             x = pre(image) if pre is not None else encoder.preprocess(np.asarray(image))
             if args.attribute:
-                # ControlEmbed query mode: only the query moves, (q W + b) . g over the frozen gallery.
+                # ControlEmbed query mode: only the query moves, (q W + b) . g over the frozen store.
                 from vlctl.methods.hyper import ControlEmbed
 
                 if not args.controlembed:
                     raise VlctlError("--attribute needs --controlembed DIR (a model from `vlctl fit controlembed`)")
-                model = ControlEmbed.load(args.controlembed, encoder_id=gallery.encoder_id)
+                model = ControlEmbed.load(args.controlembed, encoder_id=store.encoder_id)
                 with torch.no_grad():
                     q_emb = encoder.encode_images(torch.as_tensor(x)[None], normalize=True).cpu().numpy()
-                result = gallery.search(model.transform(q_emb, args.attribute, encoder_id=gallery.encoder_id), k=args.k)
+                result = store.search(model.transform(q_emb, args.attribute, encoder_id=store.encoder_id), k=args.k)
                 query = {"image": args.image, "attribute": args.attribute}
             else:
-                result = gallery.search_images(encoder, torch.as_tensor(x)[None], k=args.k)
+                result = store.search_images(encoder, torch.as_tensor(x)[None], k=args.k)
                 query = {"image": args.image}
-    hits = [{"rank": r + 1, **h} for r, h in enumerate(result.hits(gallery)[0])]
+    hits = [{"rank": r + 1, **h} for r, h in enumerate(result.hits(store)[0])]
     if args.json:
-        return {"gallery": str(gallery.path), "encoder_id": gallery.encoder_id, "query": query, "hits": hits}
+        return {"store": str(store.path), "encoder_id": store.encoder_id, "query": query, "hits": hits}
     for h in hits:
         print(f"{h['rank']:>4}  {h['score']:.4f}  {h.get('path', h['id'])}")
     return {}
@@ -162,19 +163,25 @@ def _spec_help() -> str:
     return "encoder spec: " + " | ".join(SPEC_FORMS)
 
 
-def index_args(p: argparse.ArgumentParser) -> None:
+def _source_args(p: argparse.ArgumentParser) -> None:
     from vlctl.embeddings.extract import ExtractConfig
     from vlctl.embeddings.store import IndexConfig
 
     spec_help = _spec_help()
-    p.add_argument("dir", help="image folder (searched recursively)")
+    p.add_argument("source", help="a folder of images (recursive), a CSV/TSV/JSONL of image path + caption, "
+                   "WebDataset .tar shards (shards-{000..009}.tar), or a generated set (vlctl data ...)")
     p.add_argument("--encoder", required=True, help=spec_help)
-    p.add_argument("--out", required=True, help="gallery directory (created, or added to)")
+    p.add_argument("--out", required=True, help="store directory (created, or added to: new images only)")
     p.add_argument(
         "--annotations",
         default=None,
-        help="CSV / TSV / JSONL naming images (relative to DIR) with captions and attribute columns",
+        help="for a folder: a CSV / TSV / JSONL naming images (paths relative to the folder) with a caption "
+        "column and attribute columns (every other column, e.g. color, becomes a field of the image's row)",
     )
+    p.add_argument("--image-column", default=None, help="the annotation column with the image path (default: the "
+                   "first of filepath, image, image_path, path, file, filename)")
+    p.add_argument("--caption-column", default=None, help="the annotation column with the caption (default: the "
+                   "first of title, caption, text, captions, description)")
     p.add_argument(
         "--skip-missing", action="store_true", help="drop annotated images that are not on disk instead of failing"
     )
@@ -190,9 +197,17 @@ def index_args(p: argparse.ArgumentParser) -> None:
     add_config_args(p, IndexConfig, prefix=_INDEX_PREFIX)
 
 
+def embed_args(p: argparse.ArgumentParser) -> None:
+    _source_args(p)
+
+
+def index_args(p: argparse.ArgumentParser) -> None:
+    _source_args(p)
+
+
 def search_args(p: argparse.ArgumentParser) -> None:
     spec_help = _spec_help()
-    p.add_argument("gallery", help="gallery directory (made by `vlctl index`)")
+    p.add_argument("store", help="store directory (made by `vlctl index`)")
     q = p.add_mutually_exclusive_group(required=True)
     q.add_argument("--text", help="query text")
     q.add_argument("--image", help="query image file")
@@ -201,33 +216,8 @@ def search_args(p: argparse.ArgumentParser) -> None:
                    "ControlEmbed query mode; needs --controlembed")
     p.add_argument("--controlembed", default=None, help="ControlEmbed model directory (vlctl fit controlembed)")
     p.add_argument("--rerank", default=None, help="with --text: re-score the top candidates with tevi:DIR "
-                   "(a TEVI fitted on the gallery's encoder)")
+                   "(a TEVI fitted on the store's encoder)")
     p.add_argument("--rerank-candidates", type=int, default=100, help="candidates the reranker sees (default: 100)")
     p.add_argument("-k", type=int, default=10, help="number of results (default: 10)")
-    p.add_argument("--encoder", default=None, help=spec_help + " (default: the one recorded in the gallery)")
+    p.add_argument("--encoder", default=None, help=spec_help + " (default: the one recorded in the store)")
     p.add_argument("--device", default="cpu", help="torch device for the encoder (default: cpu)")
-
-
-def embed(args: argparse.Namespace) -> dict:
-    from vlctl.data.mad import load_mad, mad_dataset_id
-    from vlctl.embeddings.cache import embed
-    from vlctl.encoders import load_encoder
-
-    encoder = load_encoder(args.encoder)
-    data = load_mad(args.data)
-    cache = embed(
-        encoder,
-        images=data["images"],
-        texts=[lab["caption"] for lab in data["labels"]],
-        data_id=mad_dataset_id(args.data),
-        root=args.out,
-        batch_size=args.batch_size,
-    )
-    return {"cache": str(cache.path), "hit": cache.hit, "n_images": cache.meta["n_images"]}
-
-
-def embed_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--encoder", required=True, help="encoder directory (a saved TinyCLIP model/)")
-    p.add_argument("--data", required=True, help="dataset directory (MAD format)")
-    p.add_argument("--out", required=True, help="cache root; the entry is keyed by encoder, data and preprocessing")
-    p.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default: 256)")

@@ -6,8 +6,8 @@ batches. An image that cannot be decoded (corrupt, truncated, not an image) or t
 decompression bomb (more pixels than `max_pixels`, checked from the header before any pixel is
 decoded) is skipped: it costs its own row only, and is listed with the reason in the result.
 
-`index_images` puts the embeddings and metadata of images into a gallery (creating it, or adding
-only the images it does not hold yet).
+`embed_text_list` and `embed_image_array` embed texts and (N, H, W, 3) uint8 arrays (generated
+sets) in batches into a preallocated (memory-mapped) output.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import dataclasses
 import os
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,6 @@ import torch
 from tqdm.auto import tqdm
 
 from vlctl.config import opt
-from vlctl.embeddings.store import IndexConfig, Store, open_or_create_store
 from vlctl.images import DEFAULT_MAX_PIXELS, ImageDecodeError, read_image
 from vlctl.io import VlctlError
 
@@ -244,93 +242,3 @@ def embed_image_files(
     return ExtractResult(
         rows, ok.astype(np.int64), [(str(paths[i]), err) for i, err in failures], time.perf_counter() - start
     )
-
-
-def index_images(
-    encoder: Any,
-    paths: Sequence[str | os.PathLike],
-    out: str | os.PathLike,
-    metadata: Sequence[dict] | None = None,
-    index_config: IndexConfig | None = None,
-    extract: ExtractConfig | None = None,
-    encoder_spec: str | None = None,
-    progress: bool = True,
-) -> tuple[Store | None, dict]:
-    """Embed images into the gallery at `out` (created if absent; otherwise only new paths are added).
-
-    Each row's metadata is {"path": the absolute path, **metadata[i]}. Returns the gallery and a
-    report: {"added", "already_present", "failed" (count), "failures" ([path, reason]),
-    "count", "seconds", "images_per_second"}.
-
-    Under torchrun (a process group initialised, e.g. by `vlctl.train.distributed.init_distributed`)
-    every rank embeds every world_size-th new image; rank 0 alone writes the gallery, with the
-    rows in the same order a single process would give. Other ranks return (None, their report).
-
-    Raises:
-        VlctlError: an existing gallery of another encoder or index config, an encoder that does
-        not produce `embed_dim` columns.
-    """
-    from vlctl.train.distributed import all_gather_object, is_distributed
-
-    rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if is_distributed() else (0, 1)
-    paths = [str(Path(p).resolve()) for p in paths]
-    if metadata is not None and len(metadata) != len(paths):
-        raise VlctlError(f"index_images: {len(paths)} paths but {len(metadata)} metadata rows")
-
-    # Rank 0 opens the gallery; its verdict (or error) reaches every rank, so none waits forever
-    # in a collective after another has failed.
-    gallery, state = None, None
-    if rank == 0:
-        try:
-            gallery = open_or_create_store(
-                out, encoder.id, int(encoder.embed_dim), index_config, encoder_spec=encoder_spec
-            )
-            present = {m.get("path") for m in gallery.metadata()} if len(gallery) else set()
-            state = {"todo": [i for i, p in enumerate(paths) if p not in present]}
-        except VlctlError as e:
-            state = {"error": str(e)}
-    state = all_gather_object(state)[0]
-    if "error" in state:
-        raise VlctlError(state["error"])
-    todo: list[int] = state["todo"]
-
-    mine = todo[rank::world]
-    result = embed_image_files(encoder, [paths[i] for i in mine], extract, progress=progress and rank == 0)
-    rows = [mine[r] for r in result.ok]
-    embeddings, failures, seconds = result.embeddings, result.failures, result.seconds
-    if world > 1:
-        # Embeddings travel through files: pickling gigabytes through gloo would double memory.
-        part = Path(out).parent / f".{Path(out).name}.rank{rank}.npy"
-        part.parent.mkdir(parents=True, exist_ok=True)
-        tmp = part.with_name(part.name + ".tmp")
-        with open(tmp, "wb") as f:
-            np.save(f, embeddings)
-        os.replace(tmp, part)
-        parts = all_gather_object({"rows": rows, "failures": failures, "file": str(part), "seconds": seconds})
-        if rank != 0:
-            return None, {"rank": rank, "embedded": len(rows), "failed": len(failures)}
-        rows = [r for p in parts for r in p["rows"]]
-        position = {p: i for i, p in enumerate(paths)}
-        failures = sorted((f for p in parts for f in p["failures"]), key=lambda f: position[f[0]])
-        embeddings = np.concatenate([np.load(p["file"]) for p in parts]) if rows else embeddings
-        for p in parts:
-            Path(p["file"]).unlink(missing_ok=True)
-        order = np.argsort(rows, kind="stable")  # the single-process row order
-        rows, embeddings = [rows[i] for i in order], embeddings[order]
-        seconds = max(p["seconds"] for p in parts)
-
-    assert gallery is not None  # rank 0
-    if rows:
-        meta = [{"path": paths[i], **(metadata[i] if metadata is not None else {})} for i in rows]
-        gallery = gallery.add(embeddings, meta, encoder_id=encoder.id)
-    report = {
-        "added": len(rows),
-        "already_present": len(paths) - len(todo),
-        "failed": len(failures),
-        "failures": [list(f) for f in failures],
-        "count": len(gallery),
-        "seconds": round(seconds, 3),
-        "images_per_second": round(len(rows) / seconds, 2) if seconds > 0 else None,
-        "world_size": world,
-    }
-    return gallery, report

@@ -1,6 +1,7 @@
 """The names of vlctl 0.1, where a store with a FAISS index was a "gallery" (see vlctl.embeddings)."""
 
-from vlctl.embeddings.extract import ExtractConfig, ExtractResult, embed_image_files, index_images
+from vlctl.embeddings.build import index_images
+from vlctl.embeddings.extract import ExtractConfig, ExtractResult, embed_image_files
 from vlctl.embeddings.search import INDEX_KINDS, IndexConfig, Reranker, SearchResult, exact_rerank
 from vlctl.embeddings.store import Gallery, create_gallery, open_gallery, open_or_create_gallery
 from vlctl.images import ImageDecodeError, read_image

@@ -465,32 +465,24 @@ def pretrain_clip(images: np.ndarray, captions: Sequence[str], model_config, out
                   batch_size: int, lr: float, temperature_lr: float = 1e-2, warmup_steps: int = 50,
                   weight_decay: float = 0.1, seed: int = 0, threads: int = 0, resume: bool = False,
                   patch_dropout: float = 0.0):
-    """Train a TinyCLIP from scratch contrastively on (images, captions) with the one loop;
-    saves out_dir/model (TinyCLIP save_pretrained) and returns the model."""
+    """Train a TinyCLIP from scratch contrastively on (images, captions) with the one loop
+    (`vlctl.train.clip.train_clip_arrays`: token rows trimmed of padding, FLIP patch dropout
+    `patch_keep`, on the CPU); saves out_dir/model (TinyCLIP save_pretrained) and returns the model."""
     from vlctl.encoders import tiny_clip
-    from vlctl.train.loop import LoopConfig, default_param_groups, train
+    from vlctl.train.clip import train_clip_arrays
+    from vlctl.train.loop import LoopConfig
 
     model = tiny_clip.create_model(model_config, seed=seed)
     tokens = model.tokenize(list(captions))
-
-    def make_batch(idx: np.ndarray, epoch: int):
-        return (tiny_clip.preprocess_batch(np.asarray(images[idx])), trim_padding(tokens[torch.as_tensor(idx)]),
-                patch_keep(idx, epoch, seed, model.config.n_patches, patch_dropout))
-
-    def loss_fn(m, b):
-        img = _image_embedding(m, b[0], b[2])
-        txt, scale = m.encode_text(b[1], normalize=True), m.scale()
-        return tiny_clip.clip_loss(img, txt, scale), {"temp": float(1.0 / scale.detach())}
-
-    others = nn.ModuleDict({"visual": model.visual, "text": model.text})
-    groups = [{**g, "lr": lr} for g in default_param_groups(others, weight_decay)]
-    groups.append({"params": [model.logit_scale], "lr": temperature_lr, "weight_decay": 0.0})
+    n_patches = model.config.n_patches
     loop = LoopConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                       warmup_steps=warmup_steps, seed=seed, threads=threads, progress=False, log_every=20,
                       checkpoint_every=200)
-    train(model, n_samples=len(captions), make_batch=make_batch, loss_fn=loss_fn, cfg=loop, out_dir=out_dir,
-          param_groups=groups, resume=resume, device="cpu",
-          run_config={"model": config_to_dict(model.config), "n": len(captions), "patch_dropout": patch_dropout})
+    train_clip_arrays(model, images, tokens, out_dir, loop, temperature_lr=temperature_lr, text_batch=trim_padding,
+                      patch_keep=lambda idx, epoch: patch_keep(idx, epoch, seed, n_patches, patch_dropout),
+                      resume=resume, device="cpu",
+                      run_config={"model": config_to_dict(model.config), "n": len(captions),
+                                  "patch_dropout": patch_dropout})
     model.eval()
     tiny_clip.save_pretrained(model, Path(out_dir) / "model")
     return model

@@ -1,5 +1,8 @@
 """Train TinyCLIP from scratch on a captioned image set (MAD, shapes, ...) with the one loop.
 
+`train_clip_arrays` is the trainer (arrays in, weights trained in place); `train_clip` runs it on
+a MAD-format directory, `vlctl.methods.tree_tune.pretrain_clip` on arrays (3VL's base model).
+
 Runs the same in one process or under `torchrun --nproc_per_node P` (DDP): `vlctl train clip`.
 InfoNCE with a learnable temperature; the temperature gets its own learning rate because with
 the weights' small lr it barely moves and learning crawls (calibrated on MAD).
@@ -8,10 +11,12 @@ the weights' small lr it barely moves and learning crawls (calibrated on MAD).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from vlctl.config import config_to_dict, opt
 from vlctl.encoders import tiny_clip
@@ -49,14 +54,54 @@ def train_clip(
 
     model = tiny_clip.create_model(cfg.model, seed=loop.seed)
     text_inputs = model.tokenize(captions) if model.config.text_tower == "transformer" else captions
-    n = len(captions)
-    s = cfg.shift_pixels
+    run_config = {"clip": config_to_dict(cfg), "model": config_to_dict(model.config), "data": mad_dataset_id(data_dir)}
+    result = train_clip_arrays(model, images, text_inputs, out_dir, loop, temperature_lr=cfg.temperature_lr,
+                               shift_pixels=cfg.shift_pixels, resume=resume, run_config=run_config)
+    from vlctl.train.distributed import is_main
+
+    if is_main():
+        tiny_clip.save_pretrained(model, Path(out_dir) / "model")
+    return result
+
+
+def train_clip_arrays(
+    model: torch.nn.Module,
+    images: np.ndarray,
+    texts: torch.Tensor | Sequence[str],
+    out_dir: str | Path,
+    loop: LoopConfig,
+    *,
+    temperature_lr: float,
+    shift_pixels: int = 0,
+    text_batch: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    patch_keep: Callable[[np.ndarray, int], torch.Tensor | None] | None = None,
+    resume: bool = False,
+    run_config: dict | None = None,
+    device: str | None = None,
+) -> TrainResult:
+    """Train the TinyCLIP `model` in place, contrastively (CLIP InfoNCE with its learnable
+    temperature), on `images` (N, S, S, 3) uint8 and their `texts` with the one loop
+    (`vlctl.train.loop.train`); the two from-scratch trainers (`train_clip`,
+    `vlctl.methods.tree_tune.pretrain_clip`) are this function.
+
+    texts: token rows (N, C) (the word-level text tower) or N strings (MiniLM).
+    temperature_lr: the learnable temperature's own learning rate (its own param group, no weight
+        decay); the towers get `loop.lr` and the loop's default groups.
+    shift_pixels: random translation by up to this many pixels (np.roll), drawn from
+        sample_rng(loop.seed, epoch, index): identical under any rank split and after a resume.
+    text_batch: applied to each batch's token rows (e.g. tree_tune.trim_padding).
+    patch_keep: (indices, epoch) -> (n, m) patch indices each image keeps, or None for all (FLIP
+        patch dropout, tree_tune.patch_keep); one process only (the kept patches go through
+        `model.visual.forward_keep`, outside DDP's forward).
+    run_config, resume, device: as `train` takes them.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    s = shift_pixels
 
     def make_batch(indices: np.ndarray, epoch: int):
         batch = np.asarray(images[indices])
         if s > 0:
-            # Augmentation randomness depends only on (seed, epoch, index): identical under any
-            # rank split and after a resume.
             batch = batch.copy()
             for row, i in enumerate(indices):
                 dy, dx = sample_rng(loop.seed, epoch, i).integers(-s, s + 1, size=2)
@@ -65,36 +110,29 @@ def train_clip(
                 # centred 20 px box; only some 'small' ones are pasted near an edge).
                 batch[row] = np.roll(batch[row], (int(dy), int(dx)), axis=(0, 1))
         x = tiny_clip.preprocess_batch(batch)
-        t = text_inputs[torch.as_tensor(indices)] if torch.is_tensor(text_inputs) else [text_inputs[i] for i in indices]
-        return x, t
+        t = texts[torch.as_tensor(indices)] if torch.is_tensor(texts) else [texts[i] for i in indices]
+        if text_batch is not None:
+            t = text_batch(t)
+        return x, t, patch_keep(indices, epoch) if patch_keep is not None else None
 
     def loss_fn(m, batch):
-        x, t = batch
-        img, txt, scale = m(x, t)
+        x, t, keep = batch
+        if keep is None:
+            img, txt, scale = m(x, t)
+        else:
+            if isinstance(m, DistributedDataParallel):
+                raise VlctlError("train_clip_arrays: patch dropout (patch_keep) runs in one process only, not DDP")
+            img = F.normalize(m.visual.forward_keep(x, keep), dim=-1)
+            txt, scale = m.encode_text(t, normalize=True), m.scale()
         loss = tiny_clip.clip_loss(img, txt, scale)
         return loss, {"temp": float(1.0 / scale.detach())}
 
     # The temperature gets its own group and lr; everything else keeps the loop's default groups.
     others = torch.nn.ModuleDict({"visual": model.visual, "text": model.text})
     groups = [{**g, "lr": loop.lr} for g in default_param_groups(others, loop.weight_decay)]
-    groups.append({"params": [model.logit_scale], "lr": cfg.temperature_lr, "weight_decay": 0.0})
-    run_config = {"clip": config_to_dict(cfg), "model": config_to_dict(model.config), "data": mad_dataset_id(data_dir)}
-    result = train(
-        model,
-        n_samples=n,
-        make_batch=make_batch,
-        loss_fn=loss_fn,
-        cfg=loop,
-        out_dir=out_dir,
-        param_groups=groups,
-        resume=resume,
-        run_config=run_config,
-    )
-    from vlctl.train.distributed import is_main
-
-    if is_main():
-        tiny_clip.save_pretrained(model, Path(out_dir) / "model")
-    return result
+    groups.append({"params": [model.logit_scale], "lr": temperature_lr, "weight_decay": 0.0})
+    return train(model, n_samples=len(texts), make_batch=make_batch, loss_fn=loss_fn, cfg=loop, out_dir=out_dir,
+                 param_groups=groups, resume=resume, run_config=run_config, device=device)
 
 
 def launch_clip_training(

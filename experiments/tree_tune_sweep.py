@@ -3,7 +3,7 @@
 Reuses a `vlctl reproduce 3vl-scenes` stage directory (its data, base and trees stages), so a
 setting is compared on exactly the base, fine-tuning split and trees the recipe used:
 
-    python benchmarks/tree_tune_sweep.py runs/3vl/stages --mode tree --epochs 16 --lr 1e-2 --rank 16 \\
+    python experiments/tree_tune_sweep.py runs/3vl/stages --mode tree --epochs 16 --lr 1e-2 --rank 16 \\
         --patch-dropout 0 --out tree.json
 
 Writes the checklist accuracy per category and their average (the recipe's definition: the
@@ -22,10 +22,10 @@ import torch
 
 from vlctl.data.scenes import CHECKLIST_CATEGORIES, load_checklist, load_scenes
 from vlctl.encoders import tiny_clip
+from vlctl.eval.checklist import checklist_accuracy, checklist_scores
 from vlctl.io import atomic_write_json, read_json
 from vlctl.methods.tree_tune import MODES, TreeTuner
 from vlctl.recipes.runner import find_stage
-from vlctl.recipes.three_vl_scenes import checklist_accuracy, checklist_scores
 
 
 def main() -> None:

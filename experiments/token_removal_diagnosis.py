@@ -12,7 +12,7 @@ each as checklist accuracy (%) and two diagnostics of the kept-patch embeddings 
              out-of-distribution point shows as a value far from the full images');
 plus the same two for the full images. Accuracy equal to the run's removal curves is a check.
 
-    python benchmarks/token_removal_diagnosis.py RUN --out diagnosis.json
+    python experiments/token_removal_diagnosis.py RUN --out diagnosis.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """3VL caption trees on real captions: speed, shape, validity and failure kinds; Anchor on SugarCrepe.
 
-    OMP_NUM_THREADS=1 python benchmarks/trees_coco.py                 # all 25,010 COCO test captions
-    python benchmarks/trees_coco.py --limit 2000 --out /tmp/trees.json
+    OMP_NUM_THREADS=1 python experiments/trees_coco.py                 # all 25,010 COCO test captions
+    python experiments/trees_coco.py --limit 2000 --out /tmp/trees.json
 
 Trees: `TreeGenerator()` (default settings: curated table, WordNet from /usr/share/wordnet, no
 masked LM, seed 0) over every caption of the COCO Karpathy test split, parsed in batches with
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--coco", default=str(DATA / "coco_karpathy_test.json"), help="COCO Karpathy test JSON")
     ap.add_argument("--sugarcrepe", default=str(DATA / "sugarcrepe"), help="folder of SugarCrepe JSON files")
     ap.add_argument("--limit", type=int, default=0, help="use only the first N captions (0: all)")
-    ap.add_argument("--out", default=str(OUT), help="results JSON (default: benchmarks/trees_results.json)")
+    ap.add_argument("--out", default=str(OUT), help="results JSON (default: experiments/trees_results.json)")
     args = ap.parse_args(argv)
 
     import spacy
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     from vlctl.methods.trees import GENERATOR_VERSION
 
     result = {
-        "command": "OMP_NUM_THREADS=1 python benchmarks/trees_coco.py" + (f" --limit {args.limit}" if args.limit else ""),
+        "command": "OMP_NUM_THREADS=1 python experiments/trees_coco.py" + (f" --limit {args.limit}" if args.limit else ""),
         "generator": GENERATOR_VERSION,
         "spacy": f"{spacy.__version__} {_nlp_id()}",
         "nltk": nltk.__version__,

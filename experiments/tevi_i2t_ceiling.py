@@ -14,7 +14,7 @@ bound on what a better mask could do, with the CG-SAE of a `tevi-mad` run, on it
 and the oracle again for CG-SAEs refitted at other K (--refit-k). R@1 uses the recipe's relevance
 (a caption is correct for an image that has every attribute value it names).
 
-    python benchmarks/tevi_i2t_ceiling.py --stages RUN/stages --refit-k 12 16 --out ceiling.json
+    python experiments/tevi_i2t_ceiling.py --stages RUN/stages --refit-k 12 16 --out ceiling.json
 
 RUN/stages is a `vlctl reproduce tevi-mad` stage cache (the full preset: --stages shared with
 mad-clip). --tevi picks one TEVI when the cache holds several (e.g. runs with other mask floors).
@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from vlctl.data.mad import CATEGORIES, load_mad
+from vlctl.eval.metrics import caption_relevance
 from vlctl.io import atomic_write_json
 from vlctl.methods.sae import SparseAutoencoder
 from vlctl.methods.tevi import TEVI, conditioned_scores
@@ -57,7 +58,7 @@ def main() -> None:
     train = dict(np.load(find_stage(args.stages, "embed-train") / "embeddings.npz"))
     labels = load_mad(find_stage(args.stages, "data") / "test")["labels"]
     img_vals, cap_vals = mad_clip.image_values(labels), mad_clip.caption_values(labels)
-    relevant = mad_clip.caption_relevance(img_vals, cap_vals)
+    relevant = caption_relevance(img_vals, cap_vals)
     tevi = TEVI.load(args.tevi or find_stage(args.stages, "tevi-cg") / "tevi")
     cg = tevi.sae_.model_
     x, t = torch.as_tensor(test["image_emb"]), torch.as_tensor(test["text_emb"])

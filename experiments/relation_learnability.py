@@ -14,7 +14,7 @@ This trains scenes-quick from random weights on a scenes train split with one of
 and after every epoch writes the training loss, the relation accuracy on the first 1,000
 training scenes and the checklist accuracy of every category on the test split, to --out (JSON).
 
-    python benchmarks/relation_learnability.py DATA --mode relation_only --epochs 12 --out rel.json
+    python experiments/relation_learnability.py DATA --mode relation_only --epochs 12 --out rel.json
 
 DATA holds train/ and test/ scenes directories (`vlctl data scenes`, or a 3vl-scenes data stage).
 """
@@ -32,9 +32,9 @@ import torch.nn.functional as F
 
 from vlctl.data.scenes import CHECKLIST_CATEGORIES, OPPOSITE_RELATION, load_checklist, load_scenes, render_caption
 from vlctl.encoders import tiny_clip
+from vlctl.eval.checklist import checklist_accuracy, checklist_scores
 from vlctl.io import atomic_write_json
 from vlctl.methods.tree_tune import negclip_loss, trim_padding
-from vlctl.recipes.three_vl_scenes import checklist_accuracy, checklist_scores
 
 MODES = ("contrastive", "negclip", "relation", "relation_only")
 

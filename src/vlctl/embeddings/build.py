@@ -1,0 +1,175 @@
+"""Building a store from a source: `embed_source` for any `ImageSource`, `index_images` for files.
+
+Adding is incremental: images the store already holds (by path, or by id for in-memory images)
+are skipped, so re-running `vlctl embed` on a folder that grew embeds only the new files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from vlctl.embeddings.extract import ExtractConfig, embed_image_array, embed_image_files, embed_text_list
+from vlctl.embeddings.store import IndexConfig, Store, open_or_create_store
+from vlctl.io import VlctlError
+
+
+def embed_source(
+    encoder: Any,
+    source: Any,
+    out: str | os.PathLike,
+    index_config: IndexConfig | None = None,
+    extract: ExtractConfig | None = None,
+    encoder_spec: str | None = None,
+    progress: bool = True,
+) -> tuple[Store | None, dict]:
+    """Embed an `vlctl.data.source.ImageSource` (images and their captions) into the store at `out`.
+
+    Files and WebDataset samples go through `index_images` (incremental, torchrun-aware). A
+    generated set is embedded whole from its memory-mapped array, its labels becoming the rows'
+    fields; a store already holding that set (same data id) is left as it is.
+    """
+    if source.array is None:
+        return index_images(encoder, source.files, out, source.fields, index_config, extract, encoder_spec,
+                            progress, ids=source.ids, captions=source.captions)
+    extract = extract or ExtractConfig()
+    info = {"data_id": source.data_id, "source": str(Path(source.name).resolve())}
+    store = open_or_create_store(out, encoder.id, int(encoder.embed_dim), index_config, encoder_spec, info=info)
+    report = {"added": 0, "already_present": 0, "failed": 0, "failures": [], "captions": 0}
+    if len(store) or len(store.texts_table):
+        if store.info.get("data_id") != source.data_id:
+            raise VlctlError(f"{store.path}: the store holds other data ({store.info.get('data_id')!r}), not the "
+                             f"generated set {source.name} ({source.data_id!r}); embed it into another --out")
+        return store, {**report, "already_present": len(source), "count": len(store)}
+    import time
+
+    start = time.perf_counter()
+    n, dim = len(source), int(encoder.embed_dim)
+    image_emb = np.empty((n, dim), np.float32)
+    embed_image_array(encoder, source.array, n, image_emb, extract.batch_size, progress)
+    text_meta = [{"text": c, "image": i} for i, caps in enumerate(source.captions) for c in caps]
+    text_emb = None
+    if text_meta:
+        text_emb = np.empty((len(text_meta), dim), np.float32)
+        embed_text_list(encoder, [t["text"] for t in text_meta], text_emb, extract.batch_size, progress)
+    meta = [{"row": i, **f, **({"captions": c} if c else {})} for i, (f, c) in enumerate(zip(source.fields, source.captions))]
+    store = store.add(image_emb, meta, encoder_id=encoder.id, texts=text_emb, text_metadata=text_meta or None,
+                      normalized=True)
+    seconds = time.perf_counter() - start
+    return store, {**report, "added": n, "captions": len(text_meta), "count": len(store), "seconds": round(seconds, 3),
+                   "images_per_second": round(n / seconds, 2) if seconds > 0 else None, "world_size": 1}
+
+
+def index_images(
+    encoder: Any,
+    paths: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    metadata: Sequence[dict] | None = None,
+    index_config: IndexConfig | None = None,
+    extract: ExtractConfig | None = None,
+    encoder_spec: str | None = None,
+    progress: bool = True,
+    *,
+    ids: Sequence[str] | None = None,
+    captions: Sequence[Sequence[str]] | None = None,
+) -> tuple[Store | None, dict]:
+    """Embed images into the store at `out` (created if absent; otherwise only new images are added).
+
+    Each row's metadata is {"path": the absolute path (or ids[i]), **metadata[i]}; with `captions`
+    (a list per image), each caption of an added image becomes a text row {"text", "image": row}.
+    `paths` may also hold in-memory encoded images (io.BytesIO, WebDataset samples); then `ids`
+    names each one. Returns the store and a report: {"added", "already_present", "failed"
+    (count), "failures" ([path, reason]), "captions", "count", "seconds", "images_per_second"}.
+
+    Under torchrun (a process group initialised, e.g. by `vlctl.train.distributed.init_distributed`)
+    every rank embeds every world_size-th new image; rank 0 alone writes the gallery, with the
+    rows in the same order a single process would give. Other ranks return (None, their report).
+
+    Raises:
+        VlctlError: an existing gallery of another encoder or index config, an encoder that does
+        not produce `embed_dim` columns.
+    """
+    from vlctl.train.distributed import all_gather_object, is_distributed
+
+    rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if is_distributed() else (0, 1)
+    if ids is None:
+        paths = [str(Path(p).resolve()) for p in paths]
+        ids = paths
+    for name, rows_ in (("metadata", metadata), ("ids", ids), ("captions", captions)):
+        if rows_ is not None and len(rows_) != len(paths):
+            raise VlctlError(f"index_images: {len(paths)} images but {len(rows_)} {name} rows")
+
+    # Rank 0 opens the gallery; its verdict (or error) reaches every rank, so none waits forever
+    # in a collective after another has failed.
+    gallery, state = None, None
+    if rank == 0:
+        try:
+            gallery = open_or_create_store(
+                out, encoder.id, int(encoder.embed_dim), index_config, encoder_spec=encoder_spec
+            )
+            present = {m.get("path") for m in gallery.metadata()} if len(gallery) else set()
+            state = {"todo": [i for i, p in enumerate(ids) if p not in present]}
+        except VlctlError as e:
+            state = {"error": str(e)}
+    state = all_gather_object(state)[0]
+    if "error" in state:
+        raise VlctlError(state["error"])
+    todo: list[int] = state["todo"]
+
+    mine = todo[rank::world]
+    result = embed_image_files(encoder, [paths[i] for i in mine], extract, progress=progress and rank == 0)
+    rows = [mine[r] for r in result.ok]
+    embeddings, failures, seconds = result.embeddings, result.failures, result.seconds
+    if world > 1:
+        # Embeddings travel through files: pickling gigabytes through gloo would double memory.
+        part = Path(out).parent / f".{Path(out).name}.rank{rank}.npy"
+        part.parent.mkdir(parents=True, exist_ok=True)
+        tmp = part.with_name(part.name + ".tmp")
+        with open(tmp, "wb") as f:
+            np.save(f, embeddings)
+        os.replace(tmp, part)
+        parts = all_gather_object({"rows": rows, "failures": failures, "file": str(part), "seconds": seconds})
+        if rank != 0:
+            return None, {"rank": rank, "embedded": len(rows), "failed": len(failures)}
+        rows = [r for p in parts for r in p["rows"]]
+        position = {str(p): i for i, p in enumerate(paths)}
+        failures = sorted((f for p in parts for f in p["failures"]), key=lambda f: position[f[0]])
+        embeddings = np.concatenate([np.load(p["file"]) for p in parts]) if rows else embeddings
+        for p in parts:
+            Path(p["file"]).unlink(missing_ok=True)
+        order = np.argsort(rows, kind="stable")  # the single-process row order
+        rows, embeddings = [rows[i] for i in order], embeddings[order]
+        seconds = max(p["seconds"] for p in parts)
+
+    assert gallery is not None  # rank 0
+    n_captions = 0
+    if rows:
+        meta = [{"path": ids[i], **(metadata[i] if metadata is not None else {})} for i in rows]
+        text_emb, text_meta = None, None
+        if captions is not None:
+            text_meta = [{"text": c, "image": len(gallery) + r} for r, i in enumerate(rows) for c in captions[i]]
+            if text_meta:
+                text_emb = np.empty((len(text_meta), int(encoder.embed_dim)), np.float32)
+                embed_text_list(encoder, [t["text"] for t in text_meta], text_emb, 256, progress)
+                n_captions = len(text_meta)
+            for r, i in enumerate(rows):
+                if captions[i]:
+                    meta[r]["captions"] = list(captions[i])
+        gallery = gallery.add(embeddings, meta, encoder_id=encoder.id, texts=text_emb, text_metadata=text_meta)
+    report = {
+        "added": len(rows),
+        "already_present": len(paths) - len(todo),
+        "failed": len(failures),
+        "failures": [list(f) for f in failures],
+        "captions": n_captions,
+        "count": len(gallery),
+        "seconds": round(seconds, 3),
+        "images_per_second": round(len(rows) / seconds, 2) if seconds > 0 else None,
+        "world_size": world,
+    }
+    return gallery, report
