@@ -29,7 +29,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/index_bench.py --kinds flat ivfpq --json benchmarks/index_results.json
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks experiments
 
 clean:
 	rm -rf runs .pytest_cache

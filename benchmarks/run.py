@@ -88,7 +88,7 @@ def bench_conditioned_scores(n: int = 2048, naive_rows: int = 32, d: int = 512, 
     n x n problem. The materialising baseline runs one image (row) at a time, so its cost is
     exactly linear in the rows: it is timed on `naive_rows` rows and scaled by n / naive_rows,
     and those rows are compared with the fast scores (max abs difference)."""
-    from vlctl.methods.tevi import conditioned_scores
+    from vlctl.methods.tevi_scoring import conditioned_scores
 
     _, txt, _, z, m, W, b = _random_tevi(n, n, d, d1, k)
     with torch.no_grad():
@@ -114,7 +114,7 @@ def bench_tevi_rerank(n_images: int = 5000, per_image: int = 5, d: int = 512, d1
     each. The rerank times exclude the CLIP score matrix (a retrieval system has it already); its
     GEMM is timed on its own, and the speedups counting it are reported too."""
     from vlctl.eval.metrics import recall_at_k
-    from vlctl.methods.tevi import conditioned_scores, pair_method, rerank_conditioned
+    from vlctl.methods.tevi_scoring import conditioned_scores, pair_method, rerank_conditioned
 
     n_texts = n_images * per_image
     img, txt, owner, z, m, W, b = _random_tevi(n_images, n_texts, d, d1, k, per_image)

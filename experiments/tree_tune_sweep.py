@@ -52,7 +52,7 @@ def main() -> None:
                       lr=args.lr, epochs=args.epochs, batch_size=args.batch_size, warmup_steps=20, max_levels=8,
                       max_negatives=8, seed=args.seed, threads=args.threads, towers="both",
                       patch_dropout=args.patch_dropout)
-    tuner.fit(model, ft["images"], [lab["caption"] for lab in ft["labels"]], args.out.with_suffix(".run"),
+    tuner.fit(ft["images"], [lab["caption"] for lab in ft["labels"]], model=model, out_dir=args.out.with_suffix(".run"),
               trees=t["trees"], negatives=t["negatives"])
     seconds = time.perf_counter() - t0
     items = {c: load_checklist(data / "test", c) for c in CHECKLIST_CATEGORIES}

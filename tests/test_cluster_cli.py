@@ -11,10 +11,10 @@ import torch
 from PIL import Image
 
 from vlctl.cli import main
-from vlctl.encoders import create_model, save_pretrained
 from vlctl.embeddings.store import open_gallery
+from vlctl.encoders import create_model, save_pretrained
 from vlctl.io import VlctlError
-from vlctl.methods.hyper import ControlEmbed, normalize_rows
+from vlctl.methods.controlembed import ControlEmbed, normalize_rows
 from vlctl.report.contact_sheet import write_contact_sheet
 
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
@@ -121,7 +121,7 @@ def test_cluster_gallery_writes_json_and_one_sheet_per_cluster(indexed, tmp_path
     doc = json.loads((out / "clusters.json").read_text())
     want = model.cluster(vecs, "color", seed=0)
     assert doc["cluster_of_image"] == want.tolist() and doc["attribute"] == "color" and doc["k"] == 3
-    assert doc["gallery_kind"] == "gallery" and doc["model"] == str(root / "ce")
+    assert doc["store_kind"] == "files" and doc["model"] == str(root / "ce")
     g = open_gallery(gal)
     assert doc["images"] == [m["path"] for m in g.metadata()]
     assert {int(c): n for c, n in doc["cluster_sizes"].items()} == {
@@ -185,19 +185,19 @@ def test_cluster_refuses_a_model_of_another_encoder_and_bad_input(indexed, tmp_p
     assert rc == 2 and "fitted on 'other-encoder@0'" in err and "embeddings come from encoder 'tinyclip" in err
     assert not (tmp_path / "o").exists()
     rc, _, err = _run(["cluster", str(tmp_path), "--attribute", "color", "--controlembed", str(root / "ce")], capsys)
-    assert rc == 2 and "neither a gallery" in err
+    assert rc == 2 and "store manifest not found" in err
     rc, _, err = _run(["cluster", str(gal), "--gallery", str(gal), "--attribute", "color", "--controlembed",
                        str(root / "ce")], capsys)
-    assert rc == 2 and "give the gallery once" in err
+    assert rc == 2 and "give the store once" in err
     rc, _, err = _run(["cluster", str(gal), "--attribute", "texture", "--controlembed", str(root / "ce")], capsys)
     assert rc == 2 and "give k" in err
 
 
 def test_cluster_embedding_cache_with_its_dataset_images(tmp_path, capsys):
     """The synthetic sets: an embedding cache (vlctl embed) + --data for the images (its memmap)."""
-    from vlctl.embeddings.cache import embed
     from vlctl.data.mad import load_mad, mad_dataset_id
     from vlctl.data.shapes import ShapesConfig, generate_shapes
+    from vlctl.embeddings.cache import embed
     from vlctl.encoders import TinyCLIPEncoder
 
     data_dir = generate_shapes(ShapesConfig(n=24, image_size=28, workers=1), tmp_path / "shapes")
@@ -213,8 +213,8 @@ def test_cluster_embedding_cache_with_its_dataset_images(tmp_path, capsys):
     rc, res, _ = _run([*base, "--out", str(tmp_path / "o1")], capsys)
     assert rc == 0 and res["contact_sheets"] == 0 and "--data" in res["note"]
     rc, res, _ = _run([*base, "--out", str(tmp_path / "o2"), "--data", str(data_dir)], capsys)
-    assert rc == 0 and res["contact_sheets"] == 3 and res["gallery_kind"] == "cache"
+    assert rc == 0 and res["contact_sheets"] == 3 and res["store_kind"] == "generated"
     assert len(list((tmp_path / "o2").glob("cluster_*.png"))) == 3
     other = generate_shapes(ShapesConfig(n=24, image_size=28, workers=1, seed=1), tmp_path / "shapes2")
     rc, _, err = _run([*base, "--out", str(tmp_path / "o3"), "--data", str(other)], capsys)
-    assert rc == 2 and "not the data the cache" in err
+    assert rc == 2 and "not the data the store" in err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlctl.methods.tevi import conditioned_scores, rerank
+from vlctl.methods.tevi_scoring import conditioned_scores, rerank
 
 P, Q, D1, D, K = 7, 5, 12, 6, 4
 
@@ -98,7 +98,7 @@ def test_rerank_breaks_base_ties_by_index():
 @pytest.mark.parametrize("method", ["auto", "direct", "embed", "gram"])
 @pytest.mark.parametrize("n_pairs,text_chunk", [(3, 64), (200, 64), (200, 2)])  # few/many pairs per image; text chunks
 def test_pair_scores_equal_the_full_matrix_at_the_listed_pairs(n_pairs, text_chunk, method):
-    from vlctl.methods.tevi import pair_scores
+    from vlctl.methods.tevi_scoring import pair_scores
 
     latents, masks, decoder, b_pre, text = _inputs(torch.float64, seed=3)
     g = torch.Generator().manual_seed(1)
@@ -111,7 +111,7 @@ def test_pair_scores_equal_the_full_matrix_at_the_listed_pairs(n_pairs, text_chu
 
 
 def test_pair_scores_refuses_an_unknown_method():
-    from vlctl.methods.tevi import pair_scores
+    from vlctl.methods.tevi_scoring import pair_scores
 
     latents, masks, decoder, b_pre, text = _inputs(torch.float64, seed=3)
     with pytest.raises(ValueError, match="method"):
@@ -119,7 +119,7 @@ def test_pair_scores_refuses_an_unknown_method():
 
 
 def test_pair_method_follows_the_multiply_add_counts():
-    from vlctl.methods.tevi import pair_method
+    from vlctl.methods.tevi_scoring import pair_method
 
     d, d1, k = 512, 16384, 128
     assert pair_method(100, 100, 1, d, d1, k) == "direct"  # one query's candidates

@@ -187,8 +187,11 @@ def test_random_weights_are_seeded_alike_in_every_process(oc_config_dir, hf_dirs
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _PRINT_IDS, str(oc_config_dir), str(caller_seed), *specs],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for caller_seed in (1, 2)
     ]
     outs = []

@@ -432,9 +432,9 @@ def test_bad_row_mid_add_leaves_gallery_and_its_index_intact(tmp_path, monkeypat
 
 def test_cli_search_by_image_and_attribute(tmp_path, capsys):
     """ControlEmbed query mode over a frozen gallery: the CLI's hits equal ControlEmbed.search."""
-    from vlctl.encoders import save_pretrained
     from vlctl.embeddings.store import open_gallery
-    from vlctl.methods.hyper import ControlEmbed
+    from vlctl.encoders import save_pretrained
+    from vlctl.methods.controlembed import ControlEmbed
 
     save_pretrained(create_model("mad-quick", seed=0), tmp_path / "model")
     paths = _write_images(tmp_path / "photos", 12)

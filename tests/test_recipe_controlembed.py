@@ -8,7 +8,7 @@ import pytest
 
 from vlctl.data.shapes import CATEGORIES
 from vlctl.eval import metrics
-from vlctl.methods.hyper import kmeans_labels, normalize_rows
+from vlctl.methods.controlembed import kmeans_labels, normalize_rows
 from vlctl.recipes import RECIPES
 from vlctl.recipes.controlembed_shapes import METHODS, ControlEmbedShapesRecipe, linear_probe, load_preset, run
 
@@ -76,19 +76,20 @@ def test_cli_fit_controlembed_and_cluster(tiny_run, tmp_path, capsys):
 
     model_dir = next((tiny_run / "stages").glob("train-*")) / "model"
     data_dir = next((tiny_run / "stages").glob("data-*")) / "test"
-    assert main(["fit", "controlembed", "--encoder", str(model_dir), "--data", str(data_dir), "--cache",
-                 str(tmp_path / "cache"), "--out", str(tmp_path / "m"), "--steps", "5", "--images-per-subclass", "2",
-                 "--categories", "color", "shape", "--json"]) == 0
+    gallery = tmp_path / "store"
+    assert main(["embed", str(data_dir), "--encoder", str(model_dir), "--out", str(gallery), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["fit", "controlembed", "--store", str(gallery), "--out", str(tmp_path / "m"), "--steps", "5",
+                 "--images-per-subclass", "2", "--categories", "color", "shape", "--json"]) == 0
     fitted = json.loads(capsys.readouterr().out)
-    assert fitted["categories"] == ["color", "shape"]
-    (gallery,) = (tmp_path / "cache").iterdir()
+    assert fitted["categories"] == ["color", "shape"] and fitted["images"] == 200
     assert main(["cluster", "--model", str(tmp_path / "m"), "--gallery", str(gallery), "--attribute", "shape",
                  "--out", str(tmp_path / "clusters.json"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["k"] <= 10 and sum(out["cluster_sizes"].values()) == 200
     assert len(json.loads((tmp_path / "clusters.json").read_text())["cluster_of_image"]) == 200
     # A gallery embedded by another encoder is refused, never silently clustered.
-    meta = json.loads((gallery / "meta.json").read_text())
-    (gallery / "meta.json").write_text(json.dumps({**meta, "encoder_id": "other@0"}))
+    meta = json.loads((gallery / "manifest.json").read_text())
+    (gallery / "manifest.json").write_text(json.dumps({**meta, "encoder_id": "other@0"}))
     assert main(["cluster", "--model", str(tmp_path / "m"), "--gallery", str(gallery), "--attribute", "shape"]) == 2
     assert "come from encoder 'other@0'" in capsys.readouterr().err

@@ -91,18 +91,24 @@ def _vlctl(*args):
     return subprocess.run([sys.executable, "-m", "vlctl", *args], capture_output=True, text=True, check=False)
 
 
-def test_embed_cli_hits_cache_and_refuses_other_encoder(tiny_run, tmp_path):
+def test_embed_cli_reuses_the_store_and_refuses_other_encoder(tiny_run, tmp_path):
     model = next((tiny_run / "stages").glob("train-*")) / "model"
     test = next((tiny_run / "stages").glob("data-*")) / "test"
-    first = _vlctl("embed", "--encoder", str(model), "--data", str(test), "--out", str(tmp_path), "--json")
+    train = next((tiny_run / "stages").glob("data-*")) / "train"
+    store = tmp_path / "store"
+    first = _vlctl("embed", str(test), "--encoder", str(model), "--out", str(store), "--json")
     assert first.returncode == 0, first.stderr
-    second = _vlctl("embed", "--encoder", str(model), "--data", str(test), "--out", str(tmp_path), "--json")
+    second = _vlctl("embed", str(test), "--encoder", str(model), "--out", str(store), "--json")
     a, b = json.loads(first.stdout), json.loads(second.stdout)
-    assert a["hit"] is False and b["hit"] is True and a["cache"] == b["cache"]
-    from vlctl.embeddings.cache import open_cache
+    assert a["added"] == a["count"] == a["captions"] > 0 and a["store"] == b["store"]
+    assert b["added"] == 0 and b["already_present"] == a["count"]  # nothing embedded twice
+    other = _vlctl("embed", str(train), "--encoder", str(model), "--out", str(store))
+    assert other.returncode == 2 and "holds other data" in other.stderr
+    from vlctl.embeddings.store import open_store
 
+    assert len(open_store(store).texts) == a["count"]
     with pytest.raises(VlctlError, match="encoder"):
-        open_cache(a["cache"], encoder_id="tinyclip-other@0000")
+        open_store(store, encoder_id="tinyclip-other@0000")
 
 
 @pytest.mark.slow

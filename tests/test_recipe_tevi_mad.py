@@ -107,12 +107,12 @@ def test_cli_fit_and_score(tiny_run, tmp_path):
     assert s["scores"].shape == (256, 256) and "t2i@1" in json.loads(r.stdout)["recall_tevi"]
     # Another encoder's cache is refused: the SAE records the space it was fitted on.
     (test_cache,) = (tiny_run / "stages").glob("embed-[0-9a-f]*/cache/*")
-    meta = json.loads((test_cache / "meta.json").read_text())
+    meta = json.loads((test_cache / "manifest.json").read_text())
     meta["encoder_id"] = "other@0000"
     (tmp_path / "other").mkdir()
     for f in test_cache.iterdir():
         (tmp_path / "other" / f.name).write_bytes(f.read_bytes())
-    (tmp_path / "other" / "meta.json").write_text(json.dumps(meta))
+    (tmp_path / "other" / "manifest.json").write_text(json.dumps(meta))
     r = _vlctl("fit", "tevi", "--cache", str(tmp_path / "other"), "--sae", str(tmp_path / "sae"), "--out",
                str(tmp_path / "t2"))
     assert r.returncode == 2 and "fitted on embeddings of encoder" in r.stderr, r.stderr

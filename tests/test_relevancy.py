@@ -479,8 +479,8 @@ def test_png_roundtrip_helpers(tmp_path):
 
 @pytest.mark.slow  # loads spaCy (~8 s)
 def test_explain_default_anchor_from_trees(saved_tiny, tmp_path):
-    from vlctl.methods.relevancy import explain
     from vlctl.methods.anchor import anchor_text
+    from vlctl.methods.relevancy import explain
 
     enc = create(f"tiny:{saved_tiny}")
     arr = np.asarray(Image.open(_png(tmp_path / "in.png", 16, 16)).convert("RGB"))

@@ -91,7 +91,7 @@ def test_losses_match_naive_references(conditioning):
 
 def test_fit_learns_to_keep_named_concepts(world):
     sae, img, txt, _dirs, present, named = world
-    tevi = TEVI(hidden=32, lr=1e-2, epochs=15, batch_size=256).fit(sae, img, txt)
+    tevi = TEVI(hidden=32, lr=1e-2, epochs=15, batch_size=256).fit(img, txt, sae=sae)
     m = tevi.masks(txt)  # latents are the concepts (CG-SAE): one mask entry per concept
     kept_named = m[named].mean()
     kept_unnamed_present = m[present & ~named].mean()
@@ -105,7 +105,7 @@ def test_fit_learns_to_keep_named_concepts(world):
 
 def test_scores_and_rerank_match_naive(world):
     sae, img, txt, *_ = world
-    tevi = TEVI(hidden=16, epochs=1, batch_size=256).fit(sae, img, txt)
+    tevi = TEVI(hidden=16, epochs=1, batch_size=256).fit(img, txt, sae=sae)
     x, t = img[:40], txt[:30]
     want = _naive_scores(sae.encode(x), tevi.masks(t), sae.model_.W_D, sae.model_.b_pre, t)
     got = tevi.scores(x, t, chunk_size=(7, 11))
@@ -127,7 +127,7 @@ def test_scores_and_rerank_match_naive(world):
 
 def test_save_load_and_refusals(world, tmp_path):
     sae, img, txt, *_ = world
-    tevi = TEVI(hidden=16, epochs=1, batch_size=256, conditioning="negative").fit(sae, img, txt)
+    tevi = TEVI(hidden=16, epochs=1, batch_size=256, conditioning="negative").fit(img, txt, sae=sae)
     tevi.save(tmp_path / "t")
     back = TEVI.load(tmp_path / "t", encoder_id="enc-a")
     assert back.conditioning == "negative"
@@ -141,7 +141,7 @@ def test_save_load_and_refusals(world, tmp_path):
     with pytest.raises(VlctlError, match="NaN or Inf"):
         back.edit(bad, txt[:5])
     with pytest.raises(VlctlError, match="encoder 'enc-b' cannot train a mask over an SAE fitted on 'enc-a'"):
-        TEVI(epochs=1).fit(sae, img, txt, encoder_id="enc-b")
+        TEVI(epochs=1).fit(img, txt, sae=sae, encoder_id="enc-b")
     (tmp_path / "t" / "mask.safetensors").write_bytes(b"junk")
     with pytest.raises(VlctlError, match="mask.safetensors"):
         TEVI.load(tmp_path / "t")
@@ -152,7 +152,7 @@ def test_text_encoder_finetuning(world, tmp_path):
     tokens = torch.arange(len(img)) % 50  # a toy "tokenizer": 50 caption ids
     text_encoder = nn.Embedding(50, D)
     before = text_encoder.weight.detach().clone()
-    tevi = TEVI(hidden=16, epochs=1, batch_size=256, text_lr=1e-2).fit(sae, img, text_encoder=text_encoder, texts=tokens)
+    tevi = TEVI(hidden=16, epochs=1, batch_size=256, text_lr=1e-2).fit(img, sae=sae, text_encoder=text_encoder, texts=tokens)
     assert not torch.equal(tevi.text_encoder_.weight, before)  # the text tower trained at its own lr
     tevi.save(tmp_path / "ft")
     with pytest.raises(VlctlError, match="fine-tuned its text encoder"):
@@ -160,7 +160,7 @@ def test_text_encoder_finetuning(world, tmp_path):
     back = TEVI.load(tmp_path / "ft", text_encoder=nn.Embedding(50, D))
     assert torch.equal(back.text_encoder_.weight, tevi.text_encoder_.weight)
     with pytest.raises(VlctlError, match="exactly one of"):
-        TEVI(epochs=1).fit(sae, img, txt, text_encoder=text_encoder, texts=tokens)
+        TEVI(epochs=1).fit(img, txt, sae=sae, text_encoder=text_encoder, texts=tokens)
 
 
 def test_editing_metrics_by_hand():
@@ -193,7 +193,7 @@ def test_gallery_reranker_rescores_candidates_exactly(world, tmp_path):
     from vlctl.embeddings.store import create_gallery
 
     sae, img, txt, *_ = world
-    tevi = TEVI(hidden=16, epochs=1, batch_size=256).fit(sae, img, txt)
+    tevi = TEVI(hidden=16, epochs=1, batch_size=256).fit(img, txt, sae=sae)
     gallery = create_gallery(tmp_path / "g", "enc-a", D)
     gallery = gallery.add(img[:300].numpy())  # add returns the re-opened gallery
     queries = F.normalize(txt[:4], dim=1).numpy()

@@ -249,7 +249,7 @@ def test_tree_tuner_smoke_few_steps(tmp_path, mode):
     model = _tiny()
     frozen = {k: v.clone() for k, v in model.state_dict().items()}
     tuner = TreeTuner(mode=mode, epochs=2, batch_size=4, lr=1e-2, warmup_steps=0, rank=2)
-    tuner.fit(model, images, caps, tmp_path / "run", trees=trees, negatives=negs)
+    assert tuner.fit(images, caps, model=model, out_dir=tmp_path / "run", trees=trees, negatives=negs) is tuner
     assert tuner.result_.steps == 4 and math.isfinite(tuner.result_.final_loss)
     state = tuner.model_.state_dict()
     for k, v in frozen.items():
@@ -320,7 +320,7 @@ def test_tree_tuner_visual_only_with_patch_dropout(tmp_path):
     trees = [[{"positive": c, "negatives": [c.replace("blue", "red") if "blue" in c else c.replace("red", "blue")]}]
              for c in caps]
     tuner = TreeTuner(mode="tree", epochs=1, batch_size=4, lr=1e-2, warmup_steps=0, towers="visual",
-                      patch_dropout=1.0).fit(_tiny(), images, caps, tmp_path / "r", trees=trees)
+                      patch_dropout=1.0).fit(images, caps, model=_tiny(), out_dir=tmp_path / "r", trees=trees)
     names = set(lora_parameters(tuner.model_))
     assert names and all(n.startswith("visual.") for n in names)
     with pytest.raises(VlctlError, match="towers"):

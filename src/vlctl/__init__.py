@@ -1,6 +1,6 @@
 """vlctl: make CLIP-style vision-language embedding spaces controllable with text.
 
-Pipeline: data -> encoders -> methods -> eval -> report / index / serve.
+Pipeline: data -> encoders -> embeddings -> methods -> eval -> recipes / index / serve.
 
 Python front door (names are imported on first use, so `import vlctl` stays light and does not
 import torch):
@@ -8,6 +8,8 @@ import torch):
     import vlctl
     enc = vlctl.load_encoder("open_clip:ViT-B-32?seed=0")
     enc.embed_texts(["a cat"]), enc.embed_images(["cat.jpg"])
+    store = vlctl.open_store("store/")                  # written by `vlctl embed`
+    sae = vlctl.SparseAutoencoder(d_latent=128, k=8).fit(store)
 """
 
 from __future__ import annotations
@@ -21,9 +23,24 @@ __version__ = "0.1.0"
 # it here and to __all__ (tests/test_front_door.py checks that the two agree).
 _LAZY: dict[str, str] = {
     "load_encoder": "vlctl.encoders.factory:load_encoder",
+    "open_store": "vlctl.embeddings.store:open_store",
+    "create_store": "vlctl.embeddings.store:create_store",
+    "SparseAutoencoder": "vlctl.methods.sae:SparseAutoencoder",
+    "TEVI": "vlctl.methods.tevi:TEVI",
+    "ControlEmbed": "vlctl.methods.controlembed:ControlEmbed",
+    "TreeTuner": "vlctl.methods.tree_tune:TreeTuner",
 }
 
-__all__ = ["__version__", "load_encoder"]
+__all__ = [
+    "ControlEmbed",
+    "SparseAutoencoder",
+    "TEVI",
+    "TreeTuner",
+    "__version__",
+    "create_store",
+    "load_encoder",
+    "open_store",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -5,23 +5,12 @@ paired row by row where the source had captions)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 import numpy as np
 
-from vlctl.config import add_config_args, config_from_args, config_to_dict, opt
+from vlctl.config import add_config_args, config_from_args
 from vlctl.io import VlctlError
-
-
-@dataclasses.dataclass(frozen=True)
-class FitTrainConfig:
-    lr: float = opt(1e-3, "peak learning rate")
-    epochs: int = opt(50, "passes over the embeddings")
-    batch_size: int = opt(4096, "batch size")
-    warmup_steps: int = opt(0, "linear warmup steps")
-    seed: int = opt(0, "seed of the initialisation and data order")
-    device: str = opt("cpu", "cpu or cuda")
 
 
 def _open(path: str, need_texts: bool):
@@ -42,11 +31,10 @@ def _store_arg(p: argparse.ArgumentParser, help_: str) -> None:
 
 
 def fit_sae(args: argparse.Namespace) -> dict:
-    from vlctl.methods.sae import _ARCH_FIELDS, SparseAutoencoder, TopKSAEConfig
+    from vlctl.methods.sae import SparseAutoencoder
 
     cache = _open(args.store, need_texts=False)
-    arch = config_from_args(TopKSAEConfig, args)
-    kwargs = {**{f: getattr(arch, f) for f in _ARCH_FIELDS}, **dataclasses.asdict(config_from_args(FitTrainConfig, args))}
+    cfg = config_from_args(SparseAutoencoder.Config, args)
     if args.concepts:
         from vlctl.encoders import create
 
@@ -62,28 +50,23 @@ def fit_sae(args: argparse.Namespace) -> dict:
 
         with torch.no_grad():
             concepts = encoder.encode_texts(encoder.tokenize(lines)).numpy()
-        for f in ("expansion", "d_latent"):
-            kwargs.pop(f)
-        sae = SparseAutoencoder.from_concepts(concepts, progress=True, **kwargs)
+        sae = SparseAutoencoder.from_concepts(concepts, config=cfg, progress=True)
     else:
-        sae = SparseAutoencoder(progress=True, **kwargs)
-    sae.fit(np.asarray(cache.image_emb), cache.encoder_id)
+        sae = SparseAutoencoder(cfg, progress=True)
+    sae.fit(cache)
     sae.save(args.out)
     return {"out": str(args.out), "fvu": sae.fvu_, "dead_latents": sae.n_dead_, "n_latents": sae.config_.n_latents}
 
 
 def fit_tevi(args: argparse.Namespace) -> dict:
     from vlctl.methods.sae import SparseAutoencoder
-    from vlctl.methods.tevi import TEVI, TeviConfig
+    from vlctl.methods.tevi import TEVI
 
     cache = _open(args.store, need_texts=True)
     image_emb, text_emb = cache.pairs()  # one row per caption: TEVI learns from image-caption pairs
     sae = SparseAutoencoder.load(args.sae, encoder_id=cache.encoder_id)
-    cfg = config_from_args(TeviConfig, args)
-    train = config_from_args(FitTrainConfig, args)
-    tevi = TEVI(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(TeviConfig) if f.name not in ("d", "n_latents")},
-                **dataclasses.asdict(train), progress=True)
-    tevi.fit(sae, image_emb, text_emb)
+    tevi = TEVI(config_from_args(TEVI.Config, args), progress=True)
+    tevi.fit(image_emb, text_emb, sae=sae, encoder_id=cache.encoder_id)
     tevi.save(args.out)
     return {"out": str(args.out)}
 
@@ -118,24 +101,22 @@ def score_tevi(args: argparse.Namespace) -> dict:
 
 
 def fit_sae_args(p: argparse.ArgumentParser) -> None:
-    from vlctl.methods.sae import TopKSAEConfig
+    from vlctl.methods.sae import SparseAutoencoder
 
     _store_arg(p, "the store whose image embeddings the SAE learns")
     p.add_argument("--out", required=True, help="SAE directory to write (sae.safetensors + config.json)")
     p.add_argument("--concepts", help="CG-SAE: text file, one concept per line; decoder rows fixed to their embeddings")
     p.add_argument("--encoder", help="the store's encoder spec (tiny:DIR, open_clip:..., hf:...; needed with --concepts)")
-    add_config_args(p, TopKSAEConfig, exclude=("d", "concepts_fixed"))
-    add_config_args(p, FitTrainConfig)
+    add_config_args(p, SparseAutoencoder.Config, exclude=(*SparseAutoencoder.DATA_FIELDS, "concepts_fixed"))
 
 
 def fit_tevi_args(p: argparse.ArgumentParser) -> None:
-    from vlctl.methods.tevi import TeviConfig
+    from vlctl.methods.tevi import TEVI
 
     _store_arg(p, "a store with images and their captions")
     p.add_argument("--sae", required=True, help="SAE directory from `vlctl fit sae` (same encoder as the cache)")
     p.add_argument("--out", required=True, help="TEVI directory to write")
-    add_config_args(p, TeviConfig, exclude=("d", "n_latents"))
-    add_config_args(p, FitTrainConfig)
+    add_config_args(p, TEVI.Config, exclude=TEVI.DATA_FIELDS)
 
 
 def score_tevi_args(p: argparse.ArgumentParser) -> None:
@@ -183,7 +164,7 @@ def _read_labels(store, labels_file: str | None, image_column: str | None) -> li
 
 def fit_controlembed(args: argparse.Namespace) -> dict:
     from vlctl.encoders import create
-    from vlctl.methods.hyper import ControlEmbed, ControlEmbedParams, prompt_ensemble
+    from vlctl.methods.controlembed import ControlEmbed, prompt_ensemble
 
     store = _open(args.store, need_texts=False)
     spec = args.encoder or store.encoder_spec
@@ -214,8 +195,7 @@ def fit_controlembed(args: argparse.Namespace) -> dict:
 
     text = {c: prompt_ensemble(lambda t: encoder.embed_texts(t), [phrase(c, v) for v in sorted(set(labels[c]))],
                                args.templates) for c in categories}
-    params = config_from_args(ControlEmbedParams, args)
-    model = ControlEmbed(**config_to_dict(params), progress=not args.json).fit(
+    model = ControlEmbed(config_from_args(ControlEmbed.Config, args), progress=not args.json).fit(
         np.asarray(store.image_emb)[keep], labels, encoder_id=encoder.id, class_text_emb=text)
     model.save(args.out)
     return {"out": str(args.out), "encoder_id": encoder.id, "categories": categories, "images": int(keep.sum()),
@@ -223,7 +203,7 @@ def fit_controlembed(args: argparse.Namespace) -> dict:
 
 
 def fit_controlembed_args(p: argparse.ArgumentParser) -> None:
-    from vlctl.methods.hyper import DEFAULT_TEMPLATES, ControlEmbedParams
+    from vlctl.methods.controlembed import DEFAULT_TEMPLATES, ControlEmbed
 
     _store_arg(p, "the store of the images to learn the attributes from")
     p.add_argument("--out", required=True, help="model directory (controlembed.safetensors + config.json)")
@@ -236,7 +216,7 @@ def fit_controlembed_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--categories", nargs="+", default=None, help="attributes to train on (default: every labelled one)")
     p.add_argument("--templates", nargs="+", default=list(DEFAULT_TEMPLATES),
                    help="prompt templates with {} for the subclass, averaged per subclass")
-    add_config_args(p, ControlEmbedParams)
+    add_config_args(p, ControlEmbed.Config, exclude=ControlEmbed.DATA_FIELDS)
 
 
 def _open_cluster_source(path: str, data: str | None):
@@ -264,7 +244,7 @@ def cluster(args: argparse.Namespace) -> dict:
     import numpy as np
 
     from vlctl.io import atomic_write_json
-    from vlctl.methods.hyper import ControlEmbed, normalize_rows
+    from vlctl.methods.controlembed import ControlEmbed, normalize_rows
 
     if (args.store is None) == (args.store_flag is None):
         raise VlctlError("cluster: give the store once, as STORE or --store")
@@ -355,10 +335,10 @@ def fit_tree(args) -> dict:
     from vlctl.config import config_from_args
     from vlctl.data.scenes import SCENE_OPPOSITES, load_scenes, vocabulary
     from vlctl.encoders import tiny_clip
-    from vlctl.methods.tree_tune import TreeTuneConfig, TreeTuner
+    from vlctl.methods.tree_tune import TreeTuner
     from vlctl.methods.trees import TreeGenerator
 
-    cfg = config_from_args(TreeTuneConfig, args)
+    cfg = config_from_args(TreeTuner.Config, args)
     data = load_scenes(args.data)
     captions = [lab["caption"] for lab in data["labels"]]
     model = tiny_clip.load_pretrained(args.encoder)
@@ -372,18 +352,18 @@ def fit_tree(args) -> dict:
         else:
             by = {c: gen.random_negative(c) for c in uniq}
             negatives = [None if by[c] is None else by[c][0] for c in captions]
-    tuner = TreeTuner(**config_to_dict(cfg)).fit(model, data["images"], captions, Path(args.out) / "run",
-                                                 trees=trees, negatives=negatives, resume=args.resume)
+    tuner = TreeTuner(cfg).fit(data["images"], captions, model=model, trees=trees, negatives=negatives,
+                               out_dir=Path(args.out) / "run", resume=args.resume)
     tuner.save(args.out)
     return {"out": str(args.out), "mode": cfg.mode, "steps": tuner.result_.steps, "final_loss": tuner.result_.final_loss,
             "base_encoder_id": tuner.base_id_}
 
 
 def fit_tree_args(p: argparse.ArgumentParser) -> None:
-    from vlctl.methods.tree_tune import TreeTuneConfig
+    from vlctl.methods.tree_tune import TreeTuner
 
     p.add_argument("--encoder", required=True, help="base TinyCLIP model directory (save_pretrained)")
     p.add_argument("--data", required=True, help="scenes directory (vlctl data scenes), e.g. the finetune split")
     p.add_argument("--out", required=True, help="output: adapters/ (adapter weights only) and model/ (merged TinyCLIP)")
     p.add_argument("--resume", action="store_true", help="continue OUT/run/checkpoint (config must match)")
-    add_config_args(p, TreeTuneConfig)
+    add_config_args(p, TreeTuner.Config, exclude=TreeTuner.DATA_FIELDS)

@@ -137,7 +137,7 @@ def search(args: argparse.Namespace) -> dict:
             x = pre(image) if pre is not None else encoder.preprocess(np.asarray(image))
             if args.attribute:
                 # ControlEmbed query mode: only the query moves, (q W + b) . g over the frozen store.
-                from vlctl.methods.hyper import ControlEmbed
+                from vlctl.methods.controlembed import ControlEmbed
 
                 if not args.controlembed:
                     raise VlctlError("--attribute needs --controlembed DIR (a model from `vlctl fit controlembed`)")

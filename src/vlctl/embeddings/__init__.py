@@ -7,8 +7,16 @@
     store.metadata(ids)                                  # path, captions, labels of rows
 """
 
-from vlctl.embeddings.search import INDEX_KINDS, IndexConfig, Reranker, SearchResult, exact_rerank
-from vlctl.embeddings.store import Store, create_store, open_or_create_store, open_store
+from vlctl.embeddings.search import INDEX_KINDS, IndexConfig
+from vlctl.embeddings.store import (
+    Reranker,
+    SearchResult,
+    Store,
+    create_store,
+    exact_rerank,
+    open_or_create_store,
+    open_store,
+)
 
 __all__ = [
     "INDEX_KINDS",

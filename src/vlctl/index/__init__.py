@@ -2,8 +2,16 @@
 
 from vlctl.embeddings.build import index_images
 from vlctl.embeddings.extract import ExtractConfig, ExtractResult, embed_image_files
-from vlctl.embeddings.search import INDEX_KINDS, IndexConfig, Reranker, SearchResult, exact_rerank
-from vlctl.embeddings.store import Gallery, create_gallery, open_gallery, open_or_create_gallery
+from vlctl.embeddings.search import INDEX_KINDS, IndexConfig
+from vlctl.embeddings.store import (
+    Gallery,
+    Reranker,
+    SearchResult,
+    create_gallery,
+    exact_rerank,
+    open_gallery,
+    open_or_create_gallery,
+)
 from vlctl.images import ImageDecodeError, read_image
 
 __all__ = [

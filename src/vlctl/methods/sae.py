@@ -17,9 +17,10 @@ from the top aux_k *dead* latents, so dead latents get a gradient towards useful
 CG-SAE (`concepts_fixed=True`): d1 = number of concepts, W_D fixed to the normalised concept text
 embeddings (a buffer, never trained), b_pre fixed after its initialisation; only W_E and b_E train.
 
-`SparseAutoencoder` is the scikit-learn style estimator around the `TopKSAE` module: `fit` runs
-the project's training loop (`vlctl.train.loop.train`), `save`/`load` write a directory with
-`sae.safetensors` + `config.json` that records which encoder's embeddings the SAE was fitted on.
+`SparseAutoencoder` is the estimator around the `TopKSAE` module (the contract of
+`vlctl.methods.base`): `fit` runs the project's training loop (`vlctl.train.loop.train`),
+`save`/`load` (`vlctl.artifacts`) write a directory with `sae.safetensors` + `config.json` that
+records which encoder's embeddings the SAE was fitted on.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlctl.config import config_from_dict, config_to_dict, opt
-from vlctl.io import VlctlError, atomic_dir, atomic_save_safetensors, atomic_write_json, read_json
+from vlctl.artifacts import legacy_document, load_checked_state, not_this_class
+from vlctl.config import config_to_dict, opt
+from vlctl.io import VlctlError, read_json
+from vlctl.methods.base import Estimator, as_matrix, as_tensor, embedding_set
 
 WEIGHTS_FILE = "sae.safetensors"
 CONFIG_FILE = "config.json"
@@ -43,7 +46,9 @@ CONFIG_FILE = "config.json"
 
 @dataclasses.dataclass(frozen=True)
 class TopKSAEConfig:
-    d: int = opt(512, "input (embedding) dimension")
+    """The SAE's hyperparameters, architecture and training alike (`SparseAutoencoder.Config`)."""
+
+    d: int | None = opt(None, "input (embedding) dimension; set from the data by fit")
     expansion: int = opt(32, "d_latent = expansion * d when d_latent is not given")
     d_latent: int | None = opt(None, "number of latents d1 (overrides expansion)")
     k: int = opt(128, "active latents per input (TopK)")
@@ -51,17 +56,29 @@ class TopKSAEConfig:
     aux_coef: float = opt(1 / 32, "weight of the AuxK loss")
     dead_after: int = opt(200_000, "a latent not fired for this many training samples is dead")
     init_b_pre: str = opt("geometric_median", "b_pre init from the data: geometric_median | mean | zeros")
-    concepts_fixed: bool = opt(False, "CG-SAE: decoder rows fixed to concept text embeddings, only the encoder trains")
+    concepts_fixed: bool = opt(False, "CG-SAE: decoder rows fixed to concept text embeddings, only the encoder "
+                               "trains (set by SparseAutoencoder.from_concepts)")
+    lr: float = opt(1e-3, "peak learning rate (AdamW, no weight decay)")
+    epochs: int = opt(50, "passes over the embeddings")
+    batch_size: int = opt(4096, "batch size (capped at the number of embeddings)")
+    warmup_steps: int = opt(0, "linear warmup steps")
+    seed: int = opt(0, "seed of the initialisation and the data order")
+    device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available)")
 
     @property
-    def n_latents(self) -> int:
-        return self.d_latent if self.d_latent is not None else self.expansion * self.d
+    def n_latents(self) -> int | None:
+        """d1; None while d is unknown and d_latent not given."""
+        if self.d_latent is not None:
+            return self.d_latent
+        return None if self.d is None else self.expansion * self.d
 
     def __post_init__(self):
         if self.init_b_pre not in ("geometric_median", "mean", "zeros"):
             raise VlctlError(f"init_b_pre must be geometric_median, mean or zeros, got {self.init_b_pre!r}")
-        if not 1 <= self.k <= self.n_latents:
+        if self.n_latents is not None and not 1 <= self.k <= self.n_latents:
             raise VlctlError(f"k={self.k} must be in [1, d_latent={self.n_latents}]")
+        if self.k < 1:
+            raise VlctlError(f"k={self.k} must be >= 1")
         if self.aux_k < 0 or self.dead_after < 0:
             raise VlctlError(f"aux_k ({self.aux_k}) and dead_after ({self.dead_after}) must be >= 0")
 
@@ -128,6 +145,8 @@ class TopKSAE(nn.Module):
 
     def __init__(self, cfg: TopKSAEConfig, concept_emb: torch.Tensor | None = None, seed: int = 0):
         super().__init__()
+        if cfg.d is None:
+            raise VlctlError("TopKSAE: the config's d (embedding dimension) is not set")
         self.cfg = cfg
         d, d1 = cfg.d, cfg.n_latents
         if cfg.concepts_fixed:
@@ -231,61 +250,28 @@ class TopKSAE(nn.Module):
 
 
 def _as_tensor(x: Any, name: str = "embeddings") -> torch.Tensor:
-    """Array-like (n, d) -> float32 tensor, refusing a wrong rank, an empty set and NaN/Inf."""
-    t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
-    if t.ndim != 2:
-        raise VlctlError(f"{name} must be (n, d), got shape {tuple(t.shape)}")
-    if t.shape[0] == 0:
-        raise VlctlError(f"{name} are empty (shape {tuple(t.shape)})")
-    t = t.detach().float()
-    bad = ~torch.isfinite(t).all(1)
-    if bad.any():
-        rows = torch.nonzero(bad).flatten()[:5].tolist()
-        raise VlctlError(f"{name} contain NaN or Inf in {int(bad.sum())} row(s), e.g. rows {rows}")
-    return t
+    """Array-like (n, d) -> float32 tensor (`vlctl.methods.base.as_matrix`'s checks)."""
+    return as_tensor(as_matrix(x, name))
 
 
-# The estimator hyperparameters that are TopKSAEConfig fields (d comes from the data and
-# concepts_fixed from `from_concepts`), so the two stay in one place.
-_ARCH_FIELDS = ("expansion", "d_latent", "k", "aux_k", "aux_coef", "dead_after", "init_b_pre")
+class SparseAutoencoder(Estimator):
+    """TopK SAE: `SparseAutoencoder(k=...).fit(store)` or `.fit(emb, encoder_id)`.
 
-
-class SparseAutoencoder:
-    """Scikit-learn style TopK SAE: `SparseAutoencoder(k=...).fit(emb, encoder_id)`.
-
-    Hyperparameters are the `TopKSAEConfig` fields (d comes from the data) plus lr, epochs,
-    batch_size, seed, warmup_steps, device and out_dir (the training loop's run directory; a
-    temporary one when None). Learned state (after fit/load): `model_`, `b_pre_` (d,), `n_dead_`,
-    `fvu_` (on the training embeddings), `encoder_id_`.
+    Hyperparameters: `SparseAutoencoder.Config` (= TopKSAEConfig; d comes from the data,
+    concepts_fixed from `from_concepts`). Runtime options: progress, out_dir (the training loop's
+    run directory; a temporary one when None). Learned state (after fit/load): `model_`,
+    `config_` (the config with d), `b_pre_` (d,), `n_dead_`, `fvu_` (on the training
+    embeddings), `encoder_id_`.
     """
 
-    def __init__(
-        self,
-        *,
-        expansion: int = 32,
-        d_latent: int | None = None,
-        k: int = 128,
-        aux_k: int = 256,
-        aux_coef: float = 1 / 32,
-        dead_after: int = 200_000,
-        init_b_pre: str = "geometric_median",
-        lr: float = 1e-3,
-        epochs: int = 50,
-        batch_size: int = 4096,
-        warmup_steps: int = 0,
-        seed: int = 0,
-        device: str | None = "cpu",
-        out_dir: str | Path | None = None,
-        progress: bool = False,
-    ):
-        self.expansion, self.d_latent, self.k, self.aux_k = expansion, d_latent, k, aux_k
-        self.aux_coef, self.dead_after, self.init_b_pre = aux_coef, dead_after, init_b_pre
-        self.lr, self.epochs, self.batch_size, self.warmup_steps = lr, epochs, batch_size, warmup_steps
-        self.seed, self.device, self.out_dir, self.progress = seed, device, out_dir, progress
-        self.concept_emb: torch.Tensor | None = None  # set by from_concepts
+    Config = TopKSAEConfig
+    DATA_FIELDS = ("d",)
+    WEIGHTS_FILE = WEIGHTS_FILE
+    concept_emb: torch.Tensor | None = None  # CG-SAE: the (S, d) decoder rows, set by from_concepts
 
     @classmethod
-    def from_concepts(cls, concept_text_emb: Any, center: bool = True, **kwargs) -> SparseAutoencoder:
+    def from_concepts(cls, concept_text_emb: Any, center: bool = True, config: TopKSAEConfig | None = None,
+                      **kwargs) -> SparseAutoencoder:
         """CG-SAE: one latent per concept, decoder rows fixed to the normalised text embeddings
         `concept_text_emb` (S, d). Only the encoder (W_E, b_E) trains.
 
@@ -297,30 +283,30 @@ class SparseAutoencoder:
         0.18 and the original accuracy. center=False is the paper's literal definition."""
         if "d_latent" in kwargs or "expansion" in kwargs:
             raise VlctlError("from_concepts: d_latent is the number of concepts; do not pass d_latent/expansion")
-        est = cls(**kwargs)
         concepts = _as_tensor(concept_text_emb, "concept embeddings")
         if center:
             if len(concepts) < 2:
                 raise VlctlError("from_concepts: centring needs at least 2 concepts (or pass center=False)")
             concepts = concepts - concepts.mean(0)
+        est = cls(config, d_latent=concepts.shape[0], concepts_fixed=True, **kwargs)
         est.concept_emb = concepts
-        est.d_latent = concepts.shape[0]
         return est
 
-    def _config(self, d: int) -> TopKSAEConfig:
-        arch = {f: getattr(self, f) for f in _ARCH_FIELDS}
-        return TopKSAEConfig(d=d, concepts_fixed=self.concept_emb is not None, **arch)
-
-    def fit(self, embeddings: Any, encoder_id: str) -> SparseAutoencoder:
-        """Train on `embeddings` (n, d) from encoder `encoder_id`; returns self."""
+    def fit(self, source: Any, encoder_id: str | None = None) -> SparseAutoencoder:
+        """Train on the image embeddings of `source` (a store, or an (n, d) array from encoder
+        `encoder_id`); returns self."""
         from vlctl.train.loop import LoopConfig, train
 
-        x = _as_tensor(embeddings)
+        data = embedding_set(source, encoder_id=encoder_id)
+        encoder_id = data.encoder_id
+        x = as_tensor(data.image)
         n, d = x.shape
-        cfg = self._config(d)
-        if self.concept_emb is not None and self.concept_emb.shape[1] != d:
+        cfg = self._resolve(d=d)
+        if cfg.concepts_fixed and self.concept_emb is None:
+            raise VlctlError("concepts_fixed: a CG-SAE is made with SparseAutoencoder.from_concepts(concept_emb)")
+        if cfg.concepts_fixed and self.concept_emb.shape[1] != d:
             raise VlctlError(f"concept embeddings have dim {self.concept_emb.shape[1]}, image embeddings {d}")
-        model = TopKSAE(cfg, self.concept_emb, seed=self.seed)
+        model = TopKSAE(cfg, self.concept_emb if cfg.concepts_fixed else None, seed=cfg.seed)
         with torch.no_grad():
             if cfg.init_b_pre == "geometric_median":
                 model.b_pre.copy_(geometric_median(x).float())
@@ -346,13 +332,13 @@ class SparseAutoencoder:
         # project_decoder_grad() called between backward and step.
         handle = None if cfg.concepts_fixed else model.W_D.register_hook(model._project)
         loop_cfg = LoopConfig(
-            epochs=self.epochs,
-            batch_size=min(self.batch_size, n),
-            lr=self.lr,
+            epochs=cfg.epochs,
+            batch_size=min(cfg.batch_size, n),
+            lr=cfg.lr,
             weight_decay=0.0,  # SAEs are trained without weight decay (OpenAI reference)
             betas=(0.9, 0.999),
-            warmup_steps=self.warmup_steps,
-            seed=self.seed,
+            warmup_steps=cfg.warmup_steps,
+            seed=cfg.seed,
             progress=self.progress,
             log_every=50,
         )
@@ -366,7 +352,7 @@ class SparseAutoencoder:
                 cfg=loop_cfg,
                 out_dir=tmp.name if tmp else self.out_dir,
                 run_config={"sae": config_to_dict(cfg), "encoder_id": encoder_id},
-                device=self.device,
+                device=cfg.device,
             )
         finally:
             if handle is not None:
@@ -415,83 +401,42 @@ class SparseAutoencoder:
         model = self._check_fitted()
         return model.decode(model.encode(self._input(x, model)))
 
-    def save(self, path: str | Path) -> Path:
-        """Write directory `path` with sae.safetensors and config.json (atomically)."""
-        model = self._check_fitted()
-        meta = {
-            "config": config_to_dict(model.cfg),
-            "encoder_id": self.encoder_id_,
-            "fvu": getattr(self, "fvu_", None),
-            "n_dead": self.n_dead_,
-            "training": {"lr": self.lr, "epochs": self.epochs, "batch_size": self.batch_size, "seed": self.seed},
-        }
-        with atomic_dir(path) as tmp:
-            atomic_save_safetensors(tmp / WEIGHTS_FILE, dict(model.state_dict()))
-            atomic_write_json(tmp / CONFIG_FILE, meta)
-        return Path(path)
+    # -- files (vlctl.artifacts): config.json + sae.safetensors (the module's state dict)
+
+    def _artifact_state(self):
+        return dict(self._check_fitted().state_dict()), {"fvu": getattr(self, "fvu_", None), "n_dead": self.n_dead_}, None
 
     @classmethod
-    def load(cls, path: str | Path, encoder_id: str | None = None) -> SparseAutoencoder:
-        """Load a saved SAE; refuse it (VlctlError naming the file) if it was fitted on another
-        encoder than `encoder_id` or if its weights do not match its config."""
-        path = Path(path)
-        cfg, meta, saved_id = read_fitted_config(path / CONFIG_FILE, TopKSAEConfig, "SAE", encoder_id)
-        state = read_weights(path / WEIGHTS_FILE)
-        concept = state.get("W_D") if cfg.concepts_fixed else None
+    def _from_artifact(cls, config, encoder_id, tensors, state, path, *, cfg_path):
+        w_path = path / WEIGHTS_FILE
+        concept = tensors.get("W_D") if config.concepts_fixed else None
         try:
-            model = TopKSAE(cfg, concept)
+            model = TopKSAE(config, concept)
         except VlctlError as e:
-            raise VlctlError(f"{path / WEIGHTS_FILE}: weights do not match {path / CONFIG_FILE}: {e}") from None
-        load_checked_state(model, state, path / WEIGHTS_FILE, path / CONFIG_FILE)
+            raise VlctlError(f"{w_path}: weights do not match {cfg_path}: {e}") from None
+        load_checked_state(model, tensors, w_path, cfg_path)
         model.eval()
-        train_meta = meta.get("training", {})
-        est = cls(
-            **{f: getattr(cfg, f) for f in _ARCH_FIELDS},
-            **{k: v for k, v in train_meta.items() if k in ("lr", "epochs", "batch_size", "seed")},
-        )
-        if cfg.concepts_fixed:
+        est = cls(dataclasses.replace(config, d=None))
+        if config.concepts_fixed:
             est.concept_emb = model.W_D.clone()
-        est._set_fitted(model, saved_id)
-        if meta.get("fvu") is not None:
-            est.fvu_ = float(meta["fvu"])
+        est._set_fitted(model, encoder_id)
+        if state.get("fvu") is not None:
+            est.fvu_ = float(state["fvu"])
         return est
 
-
-# --- files shared by every fitted module (SAE, TEVI mask) ---------------------------------------
-
-
-def read_fitted_config(cfg_path: Path, cls: type, what: str, encoder_id: str | None) -> tuple[Any, dict, str]:
-    """Read a fitted module's JSON ({"config": ..., "encoder_id": ...}) -> (config, meta, encoder id);
-    refuse a corrupt file or one fitted on another encoder than `encoder_id` (None: any)."""
-    meta = read_json(cfg_path, f"{what} config")
-    try:
-        cfg = config_from_dict(cls, meta["config"], source=str(cfg_path))
-        saved_id = meta["encoder_id"]
-    except (KeyError, TypeError) as e:
-        raise VlctlError(f"{cfg_path}: corrupt {what} config ({e!r})") from None
-    if encoder_id is not None and encoder_id != saved_id:
-        raise VlctlError(f"{cfg_path}: {what} was fitted on embeddings of encoder {saved_id!r}, not {encoder_id!r}")
-    return cfg, meta, saved_id
-
-
-def read_weights(w_path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(w_path))
-    except (OSError, SafetensorError) as e:
-        raise VlctlError(f"{w_path}: cannot read weights ({e})") from None
-
-
-def load_checked_state(module: nn.Module, state: dict, w_path: Path, cfg_path: Path) -> None:
-    """Load `state` into `module` only if names, shapes and dtypes all match; else name both files."""
-    expected = module.state_dict()
-    bad = sorted(set(expected) ^ set(state)) + [
-        f"{k} {list(state[k].shape)} vs {list(expected[k].shape)}"
-        for k in sorted(set(expected) & set(state))
-        if state[k].shape != expected[k].shape or state[k].dtype != expected[k].dtype
-    ]
-    if bad:
-        raise VlctlError(f"{w_path}: weights do not match {cfg_path}: {bad}")
-    module.load_state_dict(state)
+    @classmethod
+    def _legacy_document(cls, path: Path):
+        # vlctl 0.1: config.json {"config": architecture, "encoder_id", "fvu", "n_dead", "training"}.
+        cfg_path = path / CONFIG_FILE
+        if not cfg_path.is_file():
+            return None
+        meta = read_json(cfg_path, "SAE config")
+        if not isinstance(meta, dict) or "method" in meta or "n_dead" not in meta:
+            raise not_this_class(cls, cfg_path)
+        try:
+            train_meta = {k: v for k, v in meta.get("training", {}).items()
+                          if k in ("lr", "epochs", "batch_size", "seed")}
+            return legacy_document(cls, cfg_path, {**meta["config"], **train_meta}, meta["encoder_id"],
+                                   {"fvu": meta.get("fvu"), "n_dead": meta.get("n_dead")})
+        except (KeyError, TypeError, AttributeError) as e:
+            raise VlctlError(f"{cfg_path}: corrupt SAE config ({e!r})") from None

@@ -23,9 +23,10 @@ Losses (image and text embeddings unit norm; s = the model's logit scale exp(t))
   masked); text->image CE over the captions only; the mean of the two.
 - 3VL: L = alpha L_tree + (1 - alpha) L_contrast (alpha = 0.5).
 
-`TreeTuner(mode=...)` fine-tunes the LoRA adapters of a TinyCLIP with the project's one training
-loop (`vlctl.train.loop.train`); `pretrain_clip` trains the base TinyCLIP contrastively. Trees
-are precomputed once (`tree_tensors`: padded token tensor (N, L, 1 + K, C) and mask (N, L, 1 + K)).
+`TreeTuner(mode=...)` (the estimator contract of `vlctl.methods.base`) fine-tunes the LoRA
+adapters of a TinyCLIP with the project's one training loop (`vlctl.train.loop.train`);
+`pretrain_clip` trains the base TinyCLIP contrastively. Trees are precomputed once
+(`tree_tensors`: padded token tensor (N, L, 1 + K, C) and mask (N, L, 1 + K)).
 """
 
 from __future__ import annotations
@@ -36,14 +37,17 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vlctl.artifacts import legacy_document
 from vlctl.config import config_to_dict, opt
 from vlctl.io import VlctlError, atomic_dir, atomic_save_safetensors, atomic_write_json, hash_state_dict, read_json
+from vlctl.methods.base import Estimator
 
 TINYCLIP_TARGETS = (r".*blocks\.\d+\.attn\.(qkv|proj)$", r".*blocks\.\d+\.mlp\.(0|2)$")
 OPEN_CLIP_TARGETS = r".*resblocks\.\d+\.(attn|mlp\.c_fc|mlp\.c_proj)$"
@@ -299,6 +303,8 @@ def tree_tensors(trees: Sequence[list[dict]], tokenize, max_levels: int = 8, max
 
 @dataclasses.dataclass(frozen=True)
 class TreeTuneConfig:
+    """The hyperparameters of LoRA fine-tuning (`TreeTuner.Config`)."""
+
     mode: str = opt("tree", "loss: 'contrastive', 'negclip' or 'tree' (alpha L_tree + (1 - alpha) L_contrast)")
     alpha: float = opt(0.5, "weight of L_tree in the 3VL loss")
     level_reduction: str = opt("sum", "tree levels aggregated by 'sum' (paper) or 'mean' (authors' code)")
@@ -316,6 +322,7 @@ class TreeTuneConfig:
                                "patches (see patch_keep)")
     seed: int = opt(0, "seed of adapters' init, data order and negative subsampling")
     threads: int = opt(0, "torch threads (0 = leave as is)")
+    device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available); the tuned model comes back to the CPU")
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -373,34 +380,68 @@ def _encode_unique(model, tokens: torch.Tensor) -> torch.Tensor:
     return model.encode_text(uniq, normalize=True)[inverse]
 
 
-class TreeTuner:
+def _images_and_captions(source: Any, captions: Sequence[str] | None) -> tuple[Any, list[str]]:
+    """TreeTuner's data: an object with `.images` and `.texts`, or an images array and `captions`."""
+    if hasattr(source, "images") and hasattr(source, "texts"):
+        if captions is not None:
+            raise VlctlError("TreeTuner.fit: the source brings its captions (.texts); do not pass captions too")
+        images, captions = source.images, source.texts
+    else:
+        images = source
+    if captions is None:
+        raise VlctlError("TreeTuner.fit: no captions (pass captions=, or a source with .images and .texts)")
+    captions = list(captions)
+    if len(images) != len(captions):
+        raise VlctlError(f"TreeTuner.fit: {len(images)} images but {len(captions)} captions")
+    return images, captions
+
+
+class TreeTuner(Estimator):
     """Fine-tune LoRA adapters of a TinyCLIP on captioned images with one of MODES.
 
-    fit(model, images, captions, out_dir, trees=..., negatives=...) -> self; afterwards
-    `model_` is the adapted model (LoRA modules), `merged_` the plain TinyCLIP with merged
-    weights, `result_` the loop's TrainResult, `base_id_` the base encoder id.
+    `TreeTuner(mode="tree", ...).fit(images, captions, model=tinyclip, trees=...)`. Unlike the other
+    methods TreeTuner learns from images and captions, not from embeddings: it changes the encoder
+    that makes the embeddings, so its first argument is the data that encoder reads (an object
+    with `.images` (N, S, S, 3) uint8 and `.texts`, or the images with `captions=`), and the
+    embedding space it belongs to is the base model's: `encoder_id_` (= `base_id_`,
+    `tiny_clip.encoder_id(model)` before the adapters).
+
+    Hyperparameters: `TreeTuner.Config` (= TreeTuneConfig). After fit: `model_` the adapted model
+    (LoRA modules; `model` itself, modified in place), `merged_` the plain TinyCLIP with merged
+    weights, `result_` the loop's TrainResult. save/load (`vlctl.artifacts`): config.json,
+    adapters/ (adapter weights + adapter.json, `load_adapters`) and model/ (`merged_`,
+    `tiny_clip.save_pretrained`). `load(dir, base=...)` rebuilds `model_` on the base model.
     """
 
-    def __init__(self, **params):
-        self.config = TreeTuneConfig(**params)
+    Config = TreeTuneConfig
+    REPLACES_DIR = False  # the directory also holds the training run (OUT/run of `vlctl fit tree`)
 
-    def fit(self, model: nn.Module, images: np.ndarray, captions: Sequence[str], out_dir: str | Path,
+    def fit(self, source: Any, captions: Sequence[str] | None = None, *, model: nn.Module,
             trees: Sequence[list[dict]] | None = None, negatives: Sequence[str | None] | None = None,
-            resume: bool = False) -> TreeTuner:
-        """images (N, S, S, 3) uint8; captions (N,); trees (N,) for mode 'tree'; negatives (N,)
-        (None = no negative for that caption) for 'negclip'. `model` is modified (adapters added)."""
+            out_dir: str | Path | None = None, resume: bool = False) -> TreeTuner:
+        """images (N, S, S, 3) uint8 and captions (N,) (`source`, see the class docstring); trees (N,)
+        for mode 'tree'; negatives (N,) (None = no negative for that caption) for 'negclip'. `model`
+        is modified (adapters added). out_dir: the loop's run directory (default: the constructor's;
+        a temporary one when neither is given), which `resume` continues."""
+        import tempfile
+
         from vlctl.encoders import tiny_clip
         from vlctl.train.loop import LoopConfig, train
 
+        if isinstance(source, nn.Module):
+            raise VlctlError("TreeTuner.fit: the first argument is the data (images, or an object with .images and "
+                             ".texts); pass the encoder as model=, e.g. fit(images, captions, model=model)")
+        images, captions = _images_and_captions(source, captions)
         cfg = self.config
         n = len(captions)
-        if len(images) != n:
-            raise VlctlError(f"TreeTuner.fit: {len(images)} images but {n} captions")
-        self.base_id_ = tiny_clip.encoder_id(model)
+        out_dir = out_dir if out_dir is not None else self.out_dir
+        if out_dir is None and resume:
+            raise VlctlError("TreeTuner.fit: resume needs the out_dir of the run to continue")
+        self.base_id_ = self.encoder_id_ = tiny_clip.encoder_id(model)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
             add_lora(model, cfg.rank, cfg.lora_alpha, tower_targets(cfg.towers))
-        pos_tokens = model.tokenize(list(captions))
+        pos_tokens = model.tokenize(captions)
         extra: dict = {}
         if cfg.mode == "tree":
             if trees is None or len(trees) != n:
@@ -439,26 +480,83 @@ class TreeTuner:
 
         loop = LoopConfig(epochs=cfg.epochs, batch_size=min(cfg.batch_size, n), lr=cfg.lr,
                           weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps, seed=cfg.seed,
-                          threads=cfg.threads, progress=False, log_every=10)
+                          threads=cfg.threads, progress=self.progress, log_every=10)
         params = list(lora_parameters(model).values())
         groups = [{"params": params, "lr": cfg.lr, "weight_decay": cfg.weight_decay}]
-        self.result_ = train(model, n_samples=n, make_batch=make_batch, loss_fn=loss_fn, cfg=loop, out_dir=out_dir,
-                             param_groups=groups, resume=resume, device="cpu",
-                             run_config={"tree_tune": config_to_dict(cfg), "base": self.base_id_})
-        model.eval()
+        # As recorded before `device` was a field, so a run checkpointed then still resumes.
+        run_config = {"tree_tune": {k: v for k, v in config_to_dict(cfg).items() if k != "device"}, "base": self.base_id_}
+        tmp = tempfile.TemporaryDirectory(prefix="vlctl-tree-") if out_dir is None else None
+        try:
+            self.result_ = train(model, n_samples=n, make_batch=make_batch, loss_fn=loss_fn, cfg=loop,
+                                 out_dir=tmp.name if tmp else out_dir, param_groups=groups, resume=resume,
+                                 device=cfg.device, run_config=run_config)
+        finally:
+            if tmp is not None:
+                tmp.cleanup()
+        model.cpu().eval()
+        self.config_ = cfg
         self.model_ = model
         self.merged_ = merge_lora(model).eval()
+        self.steps_, self.final_loss_ = self.result_.steps, self.result_.final_loss
         return self
 
-    def save(self, path: str | Path) -> Path:
-        """adapters/ (adapter weights + adapter.json) and model/ (the merged TinyCLIP)."""
+    def _check_fitted(self) -> nn.Module:
+        if not hasattr(self, "merged_"):
+            raise VlctlError("TreeTuner is not fitted; call fit() or load() first")
+        return self.merged_
+
+    # -- files (vlctl.artifacts): config.json, adapters/ and model/
+
+    def _artifact_state(self):
         from vlctl.encoders import tiny_clip
 
-        path = Path(path)
-        save_adapters(self.model_, path / "adapters", base_id=self.base_id_,
-                      extra={"tree_tune": config_to_dict(self.config)})
-        tiny_clip.save_pretrained(self.merged_, path / "model")
-        return path
+        merged = self._check_fitted()
+        model = getattr(self, "model_", None)
+
+        def write_extra(tmp: Path) -> None:
+            tiny_clip.save_pretrained(merged, tmp / "model")
+            extra = {"tree_tune": config_to_dict(self.config_)}
+            if model is not None:
+                save_adapters(model, tmp / "adapters", base_id=self.base_id_, extra=extra)
+            else:  # loaded without its base model: write back what was read
+                with atomic_dir(tmp / "adapters") as a:
+                    atomic_save_safetensors(a / "adapters.safetensors", self.adapters_)
+                    atomic_write_json(a / "adapter.json", {**self.adapter_info_, **extra})
+
+        return {}, {"steps": self.steps_, "final_loss": self.final_loss_}, write_extra
+
+    @classmethod
+    def load(cls, path: str | Path, encoder_id: str | None = None, base: nn.Module | None = None) -> TreeTuner:
+        """Load a saved TreeTuner: `merged_` (the fine-tuned TinyCLIP) and the adapter weights; with
+        `base` (the base TinyCLIP, refused unless it is the one the adapters were trained on) also
+        `model_`, the base with the adapters added. `encoder_id` is the base encoder's id."""
+        return super().load(path, encoder_id, base=base)
+
+    @classmethod
+    def _from_artifact(cls, config, encoder_id, tensors, state, path, *, cfg_path, base=None):
+        from vlctl.artifacts import read_weights
+        from vlctl.encoders import tiny_clip
+
+        est = cls(config)
+        est.config_, est.base_id_, est.encoder_id_ = config, encoder_id, encoder_id
+        est.steps_, est.final_loss_ = state.get("steps"), state.get("final_loss")
+        est.adapter_info_ = read_json(path / "adapters" / "adapter.json", "LoRA adapter.json")
+        est.adapters_ = read_weights(path / "adapters" / "adapters.safetensors")
+        est.merged_ = tiny_clip.load_pretrained(path / "model")
+        if base is not None:
+            est.model_ = load_adapters(base, path / "adapters", tower_targets(config.towers)).eval()
+        return est
+
+    @classmethod
+    def _legacy_document(cls, path: Path):
+        # Written before config.json: adapters/adapter.json records the config and the base id.
+        doc_path = path / "adapters" / "adapter.json"
+        if not doc_path.is_file() or (path / "config.json").is_file():
+            return None
+        doc = read_json(doc_path, "LoRA adapter.json")
+        if not isinstance(doc, dict) or "tree_tune" not in doc or "base_encoder_id" not in doc:
+            raise VlctlError(f"{doc_path}: no tree_tune config; refit with `vlctl fit tree`")
+        return legacy_document(cls, doc_path, doc["tree_tune"], doc["base_encoder_id"], {})
 
 
 def pretrain_clip(images: np.ndarray, captions: Sequence[str], model_config, out_dir: str | Path, *, epochs: int,

@@ -28,7 +28,7 @@ from vlctl.data.shapes import (
 )
 from vlctl.eval import metrics
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
-from vlctl.methods.hyper import (
+from vlctl.methods.controlembed import (
     DEFAULT_TEMPLATES,
     ControlEmbed,
     UntrainedAttributeWarning,

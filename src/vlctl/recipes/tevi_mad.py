@@ -121,7 +121,7 @@ def _fit_tevi(cfg: TeviMadRecipe, sae_dir: Path, train: dict, work: Path) -> Non
     tevi = TEVI(hidden=cfg.mask_hidden, conditioning=cfg.conditioning, mask_temperature=cfg.mask_temperature,
                 mask_floor=cfg.mask_floor, lr=cfg.mask_lr, epochs=cfg.mask_epochs, batch_size=cfg.mask_batch_size,
                 seed=cfg.seed, out_dir=work / "run")
-    tevi.fit(sae, train["image_emb"], train["text_emb"])
+    tevi.fit(train["image_emb"], train["text_emb"], sae=sae)
     tevi.save(work / "tevi")
 
 

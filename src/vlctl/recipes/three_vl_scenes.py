@@ -169,8 +169,8 @@ def _finetune(cfg: ThreeVLScenesRecipe, mode: str, base_dir: Path, data_dir: Pat
                       lora_alpha=cfg.lora_alpha, lr=cfg.ft_lr, epochs=cfg.ft_epochs, batch_size=cfg.ft_batch_size,
                       warmup_steps=cfg.ft_warmup_steps, max_levels=cfg.max_levels, max_negatives=cfg.max_negatives,
                       seed=cfg.seed, threads=cfg.threads, towers=cfg.towers, patch_dropout=cfg.patch_dropout)
-    tuner.fit(model, d["images"], [lab["caption"] for lab in d["labels"]], work / "run", trees=t["trees"],
-              negatives=t["negatives"])
+    tuner.fit(d["images"], [lab["caption"] for lab in d["labels"]], model=model, out_dir=work / "run",
+              trees=t["trees"], negatives=t["negatives"])
     tuner.save(work)
     atomic_write_json(work / "fit.json", {"seconds": time.perf_counter() - t0, "steps": tuner.result_.steps,
                                           "final_loss": tuner.result_.final_loss, "base_id": tuner.base_id_})

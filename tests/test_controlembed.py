@@ -1,4 +1,4 @@
-"""ControlEmbed (vlctl.methods.hyper): the hypernetwork, its loss, the estimator and its bad input."""
+"""ControlEmbed (vlctl.methods.controlembed): the hypernetwork, its loss, the estimator and its bad input."""
 
 import math
 import warnings
@@ -9,10 +9,10 @@ import torch
 
 from vlctl.eval.metrics import mean_average_precision
 from vlctl.io import VlctlError
-from vlctl.methods.hyper import (
+from vlctl.methods.controlembed import (
     AffineHyperNet,
     ControlEmbed,
-    HyperNetConfig,
+    ControlEmbedConfig,
     UntrainedAttributeWarning,
     controlembed_loss,
     kmeans_labels,
@@ -52,7 +52,7 @@ def fitted():
 
 @pytest.mark.parametrize("param", ["full", "lowrank", "translation"])
 def test_hypernet_starts_at_identity(param):
-    cfg = HyperNetConfig(embed_dim=6, cond_dim=4, hidden=8, parameterisation=param, rank=2)
+    cfg = ControlEmbedConfig(embed_dim=6, cond_dim=4, hidden=8, parameterisation=param, rank=2)
     w, b = AffineHyperNet(cfg)(torch.randn(3, 4))
     assert w.shape == (3, 6, 6) and b.shape == (3, 6)
     assert torch.equal(w, torch.eye(6).expand(3, 6, 6)) and torch.equal(b, torch.zeros(3, 6))
@@ -61,7 +61,7 @@ def test_hypernet_starts_at_identity(param):
 
 def test_lowrank_learns_from_the_identity():
     # U = V = 0 would be a saddle with zero gradient; the random V start gives U a gradient.
-    net = AffineHyperNet(HyperNetConfig(embed_dim=6, cond_dim=4, hidden=8, parameterisation="lowrank", rank=2))
+    net = AffineHyperNet(ControlEmbedConfig(embed_dim=6, cond_dim=4, hidden=8, parameterisation="lowrank", rank=2))
     w, _ = net(torch.randn(1, 4))
     (w * torch.randn(6, 6)).sum().backward()
     grad = net.mlp[4].bias.grad
@@ -70,14 +70,14 @@ def test_lowrank_learns_from_the_identity():
 
 def test_bad_parameterisation_is_refused():
     with pytest.raises(VlctlError, match="parameterisation"):
-        HyperNetConfig(parameterisation="diagonal")
+        ControlEmbedConfig(parameterisation="diagonal")
 
 
 # --- the loss ----------------------------------------------------------------------------------
 
 
 def reference_loss(q, g, y, text, tau, omega):
-    """The loss written out with python loops (module docstring of vlctl.methods.hyper)."""
+    """The loss written out with python loops (module docstring of vlctl.methods.controlembed)."""
     n, k = len(q), len(text)
     sr_terms = []
     for i in range(n):
@@ -307,13 +307,19 @@ def test_minilm_condition_encoder_handles_paraphrases(tmp_path):
         np.testing.assert_allclose(back.affine("hue")[0], w_hue, rtol=1e-5, atol=1e-6)
 
 
-def test_params_config_matches_the_estimator():
-    """The CLI's config lists exactly the estimator's hyperparameters, with the same defaults."""
+def test_cli_flags_are_the_config_fields():
+    """The CLI's flags are exactly the estimator's Config fields, with the same defaults (one
+    declaration: the Config; only the data-set fields embed_dim and cond_dim have no flag)."""
+    import argparse
     import dataclasses
-    import inspect
 
-    from vlctl.methods.hyper import ControlEmbedParams
+    from vlctl.cli.methods import fit_controlembed_args
 
-    init = {k: p.default for k, p in inspect.signature(ControlEmbed.__init__).parameters.items()
-            if k not in ("self", "device", "out_dir", "progress")}
-    assert {f.name: f.default for f in dataclasses.fields(ControlEmbedParams)} == init
+    p = argparse.ArgumentParser()
+    fit_controlembed_args(p)
+    flags = {a.dest for a in p._actions}
+    fields = {f.name: f for f in dataclasses.fields(ControlEmbed.Config)}
+    assert set(ControlEmbed.DATA_FIELDS) == {"embed_dim", "cond_dim"}
+    assert set(fields) - set(ControlEmbed.DATA_FIELDS) <= flags
+    assert not set(ControlEmbed.DATA_FIELDS) & flags
+    assert ControlEmbed().get_params() == {k: f.default for k, f in fields.items()}
