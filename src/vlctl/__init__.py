@@ -32,9 +32,9 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
+    "TEVI",
     "ControlEmbed",
     "SparseAutoencoder",
-    "TEVI",
     "TreeTuner",
     "__version__",
     "create_store",
