@@ -189,6 +189,28 @@ def bench_tevi_gallery_rerank(n: int = 100_000, d: int = 512, d1: int = 16384, k
             "p99_ms": float(np.percentile(lat_ms, 99)), "encode_gallery_seconds": t_codes, "query_threads": 1}
 
 
+def bench_controlembed_fit(n: int = 41, d: int = 512, steps: int = 300) -> dict:
+    """ControlEmbed on a user's small folder: n embeddings of dim d, 2 categories, `steps` steps
+    (the re-layout issue's case: 146 s before the factored head). Category embeddings are given, so
+    the time is the fit alone, not MiniLM's load. Also reports CPU time split user / system."""
+    import resource
+
+    from vlctl.methods.controlembed import ControlEmbed
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    labels = {"color": [i % 3 for i in range(n)], "shape": [i % 2 for i in range(n)]}
+    cond = {c: rng.standard_normal(16).astype(np.float32) for c in labels}
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    model = ControlEmbed(steps=steps, align_weight=0.0).fit(x, labels, encoder_id="bench@0", category_emb=cond)
+    s = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {"n": n, "d": d, "steps": steps, "seconds": s, "user_s": after.ru_utime - before.ru_utime,
+            "system_s": after.ru_stime - before.ru_stime, "head_rank": model.config_.head_rank,
+            "max_rss_mb": after.ru_maxrss / 1024}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results.json")
@@ -202,6 +224,7 @@ def main() -> None:
         "tevi_conditioned_scores": bench_conditioned_scores,
         "tevi_rerank_5k_x_25k": bench_tevi_rerank,
         "tevi_gallery_rerank_100k": bench_tevi_gallery_rerank,
+        "controlembed_fit_41x512": bench_controlembed_fit,
     }
     results = {"machine": {"cpus": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__}}
     for name, fn in benches.items():

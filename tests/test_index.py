@@ -456,3 +456,15 @@ def test_cli_search_by_image_and_attribute(tmp_path, capsys):
     assert [h["id"] for h in res["hits"]] == want[0].tolist()
     rc, _, err = _run_cli(["search", str(gal), "--image", str(paths[3]), "--attribute", "color"], capsys)
     assert rc == 2 and "--controlembed" in err
+
+
+def test_store_opens_by_path_like_open_store(tmp_path):
+    """`Store(path)` is `open_store(path)`: the same checks, the same rows."""
+    from vlctl.embeddings.store import Store
+
+    x = _clustered(10, 8)
+    create_gallery(tmp_path / "g", ENC, 8).add(x)
+    s = Store(tmp_path / "g")
+    assert len(s) == 10 and np.allclose(s.vectors([3]), open_gallery(tmp_path / "g").vectors([3]))
+    with pytest.raises(VlctlError, match="store directory not found"):
+        Store(tmp_path / "nope")

@@ -325,3 +325,28 @@ def test_tree_tuner_visual_only_with_patch_dropout(tmp_path):
     assert names and all(n.startswith("visual.") for n in names)
     with pytest.raises(VlctlError, match="towers"):
         TreeTuner(towers="both_of_them")
+
+
+def test_cli_fit_tree_from_a_store_of_the_scenes_set(tmp_path, capsys):
+    """`fit tree --store` reads the images and captions of the scenes set the store was embedded
+    from: the same adapters as `--data`; a store of another kind is refused."""
+    import json
+
+    from vlctl.cli import main
+    from vlctl.data.scenes import ScenesConfig, generate_scenes
+
+    data = generate_scenes(ScenesConfig(n=16, split="finetune", workers=1), tmp_path / "ft")
+    base = tiny_clip.create_model("scenes-quick", seed=0, vision_layers=1, text_layers=1)
+    tiny_clip.save_pretrained(base, tmp_path / "base")
+    assert main(["embed", str(data), "--encoder", str(tmp_path / "base"), "--out", str(tmp_path / "store"),
+                 "--no-progress"]) == 0
+    common = ["--encoder", str(tmp_path / "base"), "--mode", "contrastive", "--epochs", "1", "--batch-size", "8",
+              "--warmup-steps", "0", "--json"]
+    assert main(["fit", "tree", "--data", str(data), "--out", str(tmp_path / "a"), *common]) == 0
+    assert main(["fit", "tree", "--store", str(tmp_path / "store"), "--out", str(tmp_path / "b"), *common]) == 0
+    capsys.readouterr()
+    weights = "adapters/adapters.safetensors"
+    assert (tmp_path / "a" / weights).read_bytes() == (tmp_path / "b" / weights).read_bytes()
+    assert json.loads((tmp_path / "b" / "adapters" / "adapter.json").read_text())["tree_tune"]["mode"] == "contrastive"
+    assert main(["fit", "tree", "--out", str(tmp_path / "c"), *common]) == 2
+    assert "--data DIR or as --store" in capsys.readouterr().err

@@ -331,6 +331,26 @@ def cluster_args(p: argparse.ArgumentParser) -> None:
                    "since it was embedded (its images go on the contact sheets)")
 
 
+def _scenes_dir(args: argparse.Namespace) -> str:
+    """The scenes directory of `fit tree`: --data, or the generated set a --store was embedded from
+    (TreeTuner fine-tunes the encoder, so it learns from the pixels and captions, not embeddings)."""
+    if (args.data is None) == (args.store is None):
+        raise VlctlError("fit tree: give the scenes as --data DIR or as --store STORE (a store of a scenes set)")
+    if args.data is not None:
+        return args.data
+    store = _open(args.store, need_texts=True)
+    source = store.info.get("source")
+    if not source or not str(store.info.get("data_id", "")).startswith("scenes-"):
+        raise VlctlError(f"{args.store}: not a store of a scenes set (vlctl data scenes); TreeTuner fine-tunes a "
+                         "TinyCLIP on the set's images and captions")
+    from vlctl.data.scenes import scenes_dataset_id
+
+    if scenes_dataset_id(source) != store.info["data_id"]:
+        raise VlctlError(f"{source}: changed since the store {args.store} was embedded from it (data id "
+                         f"{scenes_dataset_id(source)!r}, the store records {store.info['data_id']!r})")
+    return source
+
+
 def fit_tree(args) -> dict:
     from vlctl.config import config_from_args
     from vlctl.data.scenes import SCENE_OPPOSITES, load_scenes, vocabulary
@@ -339,7 +359,7 @@ def fit_tree(args) -> dict:
     from vlctl.methods.trees import TreeGenerator
 
     cfg = config_from_args(TreeTuner.Config, args)
-    data = load_scenes(args.data)
+    data = load_scenes(_scenes_dir(args))
     captions = [lab["caption"] for lab in data["labels"]]
     model = tiny_clip.load_pretrained(args.encoder)
     trees = negatives = None
@@ -363,7 +383,9 @@ def fit_tree_args(p: argparse.ArgumentParser) -> None:
     from vlctl.methods.tree_tune import TreeTuner
 
     p.add_argument("--encoder", required=True, help="base TinyCLIP model directory (save_pretrained)")
-    p.add_argument("--data", required=True, help="scenes directory (vlctl data scenes), e.g. the finetune split")
+    p.add_argument("--data", default=None, help="scenes directory (vlctl data scenes), e.g. the finetune split")
+    p.add_argument("--store", default=None, help="or a store of a scenes set (`vlctl embed SCENES_DIR`): its images "
+                   "and captions are read from the set it names")
     p.add_argument("--out", required=True, help="output: adapters/ (adapter weights only) and model/ (merged TinyCLIP)")
     p.add_argument("--resume", action="store_true", help="continue OUT/run/checkpoint (config must match)")
     add_config_args(p, TreeTuner.Config, exclude=TreeTuner.DATA_FIELDS)

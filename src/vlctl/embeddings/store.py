@@ -126,7 +126,12 @@ class Store:
 
     hit = False  # set by vlctl.embeddings.cache.embed when it found the entry on disk
 
-    def __init__(self, path: Path, manifest: dict):
+    def __init__(self, path: str | os.PathLike, manifest: dict | None = None):
+        """`Store(path)` opens and checks the store at `path` (as `open_store` does); `manifest`
+        is for the writers, which hold the manifest they just wrote."""
+        path = Path(path)
+        if manifest is None:
+            manifest = _read_manifest(path)
         self.path = path
         self.manifest = manifest
         self.config = config_from_dict(IndexConfig, manifest["index"]["config"], source=str(path / MANIFEST))
@@ -519,7 +524,14 @@ def open_store(path: str | os.PathLike, encoder_id: str | None = None) -> Store:
         or truncated shard, a store built with another encoder than `encoder_id`, an embedding
         cache of vlctl 0.1 (with how to convert it).
     """
-    path = Path(path)
+    store = Store(path)
+    if encoder_id is not None:
+        store.check_encoder(encoder_id)
+    return store
+
+
+def _read_manifest(path: Path) -> dict:
+    """The checked manifest of the store at `path` (see `open_store` for what is checked)."""
     if not path.is_dir():
         raise VlctlError(f"{path}: store directory not found")
     if not (path / MANIFEST).is_file():
@@ -543,10 +555,7 @@ def open_store(path: str | os.PathLike, encoder_id: str | None = None) -> Store:
     texts = manifest.get("texts", {"count": 0, "shards": []})
     if sum(s["rows"] for s in texts["shards"]) != texts["count"]:
         raise VlctlError(f"{path / MANIFEST}: text shard rows do not add up to texts.count={texts['count']}")
-    store = Store(path, manifest)
-    if encoder_id is not None:
-        store.check_encoder(encoder_id)
-    return store
+    return manifest
 
 
 def open_or_create_store(

@@ -125,8 +125,8 @@ class _TeviTrainer(nn.Module):
         self.register_buffer("b_pre", b_pre.detach().clone())
 
     def forward(self, latents: torch.Tensor, texts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from vlctl.encoders.loss import all_gather_with_grad
         from vlctl.encoders.tiny_clip import clip_loss
-        from vlctl.train.distributed import all_gather_with_grad
 
         t = self.text_encoder(texts) if self.text_encoder is not None else texts  # (n, d)
         m = self.mask(t)  # (n, d1)

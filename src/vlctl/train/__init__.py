@@ -1,9 +1,9 @@
 """Training: one loop (loop.py) for every trainer, and the DDP helpers it runs on (distributed.py)."""
 
+from vlctl.encoders.loss import all_gather_with_grad
 from vlctl.train.distributed import (
     DistInfo,
     all_gather_object,
-    all_gather_with_grad,
     all_reduce_mean,
     barrier,
     destroy_distributed,

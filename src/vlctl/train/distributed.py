@@ -5,19 +5,14 @@ LOCAL_RANK, and `init_distributed` joins the process group from them. Without th
 everything here runs as one process and the collectives return their input, so trainers are
 written once and work either way.
 
-Gradients through `all_gather_with_grad`: a CLIP-style loss computes the SAME global loss L on
-every rank from the gathered features. all_gather's backward sums, over ranks, the gradient each
-rank's loss sends to a rank's slice, so rank r's local features receive W * dL/df_r (W = world
-size) and its parameters W * (dL/df_r)(df_r/dθ). DistributedDataParallel then averages over
-ranks: (1/W) Σ_r W (dL/df_r)(df_r/dθ) = dL/dθ, exactly the single-process gradient of L on the
-whole batch. No correction factor is needed; tests/test_ddp.py checks it.
+The autograd-aware gather of the contrastive loss, `all_gather_with_grad`, is in
+`vlctl.encoders.loss` with the argument for its gradients.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 
 import torch
 import torch.distributed as dist
@@ -104,24 +99,6 @@ def all_reduce_mean(x: torch.Tensor) -> torch.Tensor:
     x = x.detach().clone()
     dist.all_reduce(x, op=dist.ReduceOp.SUM)
     return x / dist.get_world_size()
-
-
-def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate `x` (n_local, ...) over ranks in rank order, keeping the autograd graph.
-
-    Gradients reach each rank's own slice; see the module docstring for why the result after
-    DDP's averaging equals single-process training. Returns `x` unchanged in one process.
-    """
-    if not is_distributed():
-        return x
-    from torch.distributed.nn.functional import all_gather
-
-    # torch marks this function deprecated in favour of a private API; it is the public
-    # autograd-aware gather, so silence the warning it would print on every call.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        parts = all_gather(x)
-    return torch.cat(parts, dim=0)
 
 
 def all_gather_object(obj):
