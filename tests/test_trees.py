@@ -284,3 +284,23 @@ def test_cli_tree(capsys):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert main(["tree", "a red car", "--wordnet-dir", "/nonexistent", "--json"]) == 0
+
+
+def test_cli_tree_several_captions_and_a_file(tmp_path, capsys):
+    """Several captions (arguments and --file, one per line) in one call: the same trees as one
+    call each, with the models loaded once."""
+    assert main(["tree", PAPER, "--json"]) == 0
+    single = json.loads(capsys.readouterr().out)
+    (tmp_path / "caps.txt").write_text("a red car\n\n" + PAPER + "\n", encoding="utf-8")
+    assert main(["tree", "a dog on a sofa", "--file", str(tmp_path / "caps.txt"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["trees"]
+    assert [t["caption"] for t in out] == ["a dog on a sofa", "a red car", PAPER]
+    assert out[2] == single
+    assert main(["tree", "a dog on a sofa", "a red car"]) == 0
+    text = capsys.readouterr().out
+    assert "# a dog on a sofa" in text and "# a red car" in text and "captions: 2" in text
+    (tmp_path / "bad.txt").write_bytes(b"a red car\n\xff\xfe\n")
+    assert main(["tree", "--file", str(tmp_path / "bad.txt")]) == 2
+    assert "not UTF-8" in capsys.readouterr().err
+    assert main(["tree"]) == 2
+    assert "one or more captions" in capsys.readouterr().err

@@ -28,9 +28,24 @@ class VlctlError(Exception):
     """
 
 
+def _umask() -> int:
+    """The process umask (read by setting it and putting it back: there is no getter)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _tmp_sibling(path: Path) -> Path:
+    """A new empty file next to `path`, with the mode a plain open() would give it.
+
+    mkstemp creates 0600 files whatever the umask; the file is renamed into place, so that mode
+    would become the output's: set the usual 0666 & ~umask instead.
+    """
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+    finally:
+        os.close(fd)
     return Path(tmp)
 
 
@@ -124,6 +139,7 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = True) -> Iterator[Path
     if path.exists() and not overwrite:
         raise VlctlError(f"{path}: already exists")
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the directory is renamed into place
     try:
         yield tmp
     except BaseException:

@@ -36,27 +36,51 @@ def explain(args: argparse.Namespace) -> dict:
 def tree_args(p: argparse.ArgumentParser) -> None:
     from vlctl.methods.trees import TreeConfig
 
-    p.add_argument("caption", help="an English caption, quoted")
+    p.add_argument("captions", nargs="*", metavar="CAPTION", help="English captions, each quoted")
+    p.add_argument("--file", default=None, help="a UTF-8 text file with one caption per line (blank lines skipped)")
     add_config_args(p, TreeConfig)
+
+
+def _read_captions(args: argparse.Namespace) -> list[str]:
+    from pathlib import Path
+
+    from vlctl.io import VlctlError
+
+    captions = list(args.captions)
+    if args.file is not None:
+        path = Path(args.file)
+        try:
+            captions += [ln.strip() for ln in path.read_text("utf-8").splitlines() if ln.strip()]
+        except OSError as e:
+            raise VlctlError(f"{path}: cannot read the captions file ({e.strerror})") from None
+        except UnicodeDecodeError as e:
+            raise VlctlError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    if not captions:
+        raise VlctlError("tree: give one or more captions, or --file FILE with one caption per line")
+    return captions
 
 
 def tree(args: argparse.Namespace) -> dict:
     from vlctl.methods.trees import TreeConfig, TreeGenerator
 
     cfg = config_from_args(TreeConfig, args)
+    captions = _read_captions(args)
+    # One generator for every caption: spaCy and WordNet load once, and the captions parse in batches.
     gen = TreeGenerator(seed=cfg.seed, wordnet_dir=cfg.wordnet_dir, cache_path=cfg.cache, max_words=cfg.max_words)
-    levels = gen.tree(args.caption, details=True)
-    result = {
-        "caption": args.caption,
-        "seed": cfg.seed,
-        "levels": [{k: lv[k] for k in ("positive", "negatives", "negative_pos")} for lv in levels],
-    }
+    trees = gen.trees(captions, details=True)
+    results = [{"caption": c, "seed": cfg.seed,
+                "levels": [{k: lv[k] for k in ("positive", "negatives", "negative_pos")} for lv in levels]}
+               for c, levels in zip(captions, trees)]
     if args.json:
-        return result
-    for k, lv in enumerate(levels, 1):
-        print(f"L{k}  {lv['positive']}")
-        for neg, (word, repl, pos, stage) in zip(lv["negatives"], lv["replaced"]):
-            print(f"      - {neg}    [{pos}: {word} -> {repl}, {stage}]")
-        for word, pos in lv["missed"]:
-            print(f"      (no negative for {word!r}, {pos})")
-    return {"levels": len(levels), "negatives": sum(len(lv["negatives"]) for lv in levels)}
+        return results[0] if len(results) == 1 else {"trees": results}
+    for caption, levels in zip(captions, trees):
+        if len(captions) > 1:
+            print(f"# {caption}")
+        for k, lv in enumerate(levels, 1):
+            print(f"L{k}  {lv['positive']}")
+            for neg, (word, repl, pos, stage) in zip(lv["negatives"], lv["replaced"]):
+                print(f"      - {neg}    [{pos}: {word} -> {repl}, {stage}]")
+            for word, pos in lv["missed"]:
+                print(f"      (no negative for {word!r}, {pos})")
+    summary = {"levels": sum(len(t) for t in trees), "negatives": sum(len(lv["negatives"]) for t in trees for lv in t)}
+    return summary if len(captions) == 1 else {"captions": len(captions), **summary}

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from vlctl.data.loaders.common import (
+    _SHOW,
     CAPTION_COLUMNS,
     IMAGE_COLUMNS,
     IMAGE_EXTENSIONS,
@@ -113,6 +114,14 @@ def load_image_folder(
                     raise VlctlError(f"{ann}: image {img!r} has two values for attribute {k!r}: {attrs[k]!r}, {v!r}")
                 attrs[k] = v
     listed = [(img, caps, attrs) for img, (caps, attrs) in per_image.items()]
+    gone = [img for img, _, _ in listed if not (root / img).is_file()]
+    if gone and on_missing == "error":
+        shown = ", ".join(gone[:_SHOW]) + (f", ... ({len(gone) - _SHOW} more)" if len(gone) > _SHOW else "")
+        raise VlctlError(
+            f"{ann}: {len(gone)} of the {len(listed)} images it names are not in {root.resolve()} (its paths are "
+            f"relative to that folder: {gone[0]!r} was looked for at {(root / gone[0]).resolve()}): {shown}. Pass "
+            f"--skip-missing to drop them; the image column is {img_col!r}"
+        )
     rest = [(p, [], {}) for p in on_disk if p not in per_image]
     return _build(f"{root} + {ann}", root, listed + rest, on_missing)
 
