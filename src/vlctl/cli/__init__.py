@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="vlctl", description="Controllable vision-language embedding spaces.")
     parser.add_argument("--version", action="version", version=f"vlctl {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of an error (also VLCTL_DEBUG=1)")
     top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
     for words, target, help_ in COMMANDS:
@@ -72,13 +74,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(e: BaseException) -> str:
+    """An error as the one line the user sees: OSError names its file and reason."""
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror or e}"
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 text (byte {e.start}: {e.reason}); vlctl reads text files as UTF-8"
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0] if not isinstance(e, VlctlError) else text
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The CLI's one error boundary: a user's mistake (VlctlError, and the OSError, UnicodeDecodeError
+    and ValueError that bad input raises) is one line on stderr and exit code 2; Ctrl-C is one line
+    and 130. `--debug` or VLCTL_DEBUG=1 lets the exception through, with its traceback."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    debug = args.debug or os.environ.get("VLCTL_DEBUG", "") not in ("", "0")
     try:
         result = args.handler(args)
-    except VlctlError as e:
-        print(f"vlctl: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("vlctl: interrupted; finished stages and checkpoints are kept (rerun to resume)", file=sys.stderr)
+        return 130
+    except (VlctlError, OSError, UnicodeDecodeError, ValueError) as e:
+        if debug:
+            raise
+        print(f"vlctl: error: {_one_line(e)}", file=sys.stderr)
         return 2
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 reports
