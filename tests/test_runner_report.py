@@ -64,3 +64,15 @@ def test_report_renders_tables_and_figures(tmp_path):
     assert "| x | 1.2 |" in md and "| y | – |" in md and "![cap <1>](figures/f.png)" in md
     html = (tmp_path / "report.html").read_text()
     assert "<td>1.2</td>" in html and "cap &lt;1&gt;" in html
+
+
+def test_stages_say_when_they_start_end_and_are_reused(tmp_path, capsys):
+    r = Runner(tmp_path)
+    r.stage("train", {"x": 1}, lambda d: None)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "[vlctl] stage train: started" and lines[1].startswith("[vlctl] stage train: done in ")
+    Runner(tmp_path).stage("train", {"x": 1}, lambda d: None)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("[vlctl] stage train: reused ") and "computed in" in line
+    Runner(tmp_path, verbose=False).stage("train", {"x": 2}, lambda d: None)
+    assert capsys.readouterr().err == ""

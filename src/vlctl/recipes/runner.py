@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,11 +21,20 @@ from typing import Any
 from vlctl.io import VlctlError, atomic_write_json, read_json, sha256_json
 
 
+def _say(line: str) -> None:
+    print(f"[vlctl] {line}", file=sys.stderr, flush=True)
+
+
 class Runner:
-    def __init__(self, out: str | Path, force: bool = False, stages: str | Path | None = None):
+    """Stages of one recipe run. Each stage says on stderr when it starts and ends, how long it
+    took, and whether it was reused from an earlier run or resumed from its checkpoint."""
+
+    def __init__(self, out: str | Path, force: bool = False, stages: str | Path | None = None,
+                 verbose: bool = True):
         self.out = Path(out)
         self.stages = Path(stages) if stages is not None else self.out / "stages"
         self.force = force
+        self.verbose = verbose
         self.timings: dict[str, dict[str, Any]] = {}
 
     def stage(self, name: str, key: dict, fn: Callable[..., Any], resumable: bool = False) -> Path:
@@ -39,14 +49,20 @@ class Runner:
         if (final / "done.json").is_file():
             done = read_json(final / "done.json", "stage marker")
             self.timings[name] = {"seconds": done["seconds"], "cached": True}
+            if self.verbose:
+                _say(f"stage {name}: reused {final} (computed in {done['seconds']:.0f} s)")
             return final
         resume = resumable and partial.is_dir()
         if not resume:
             shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True, exist_ok=True)
+        if self.verbose:
+            _say(f"stage {name}: {'resuming from its checkpoint' if resume else 'started'}")
         t0 = time.perf_counter()
         fn(partial, resume) if resumable else fn(partial)
         seconds = time.perf_counter() - t0
+        if self.verbose:
+            _say(f"stage {name}: done in {seconds:.1f} s")
         atomic_write_json(partial / "done.json", {"stage": name, "key": key, "seconds": seconds})
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)
