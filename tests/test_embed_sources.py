@@ -126,3 +126,17 @@ def test_bad_sources_are_one_line_errors(tmp_path, capsys):
     assert main(["embed", str(tmp_path / "p"), "--annotations", str(tmp_path / "ann.csv"), "--encoder", SPEC,
                  "--out", str(tmp_path / "s")]) == 2
     assert "missing.jpg" in capsys.readouterr().err
+
+
+def test_named_random_weights_log_no_warning(caplog):
+    """open_clip warns "No pretrained weights loaded" on random init; random weights named by the
+    spec are what the user asked for, so the warning is dropped (its id says random-seed0)."""
+    import logging
+
+    from vlctl.encoders import create
+
+    with caplog.at_level(logging.WARNING):
+        enc = create(SPEC)
+    assert "random-seed0" in enc.id
+    assert not [r for r in caplog.records if "pretrained" in r.getMessage()]
+    assert not logging.getLogger().filters  # the filter was removed again

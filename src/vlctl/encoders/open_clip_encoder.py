@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -337,6 +338,26 @@ def split_spec(spec: str) -> tuple[str, str | None]:
     return name, (rest if sep and rest else None)
 
 
+class _DropRandomInitWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "No pretrained weights loaded" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_random_init(random_init: bool) -> Iterator[None]:
+    """Drop open_clip's "No pretrained weights loaded ... initialized randomly" warning when random
+    weights are what the spec asked for (the encoder id says `random-seedN`); it tells the user nothing."""
+    if not random_init:
+        yield
+        return
+    flt, root = _DropRandomInitWarning(), logging.getLogger()  # open_clip logs it on the root logger
+    root.addFilter(flt)
+    try:
+        yield
+    finally:
+        root.removeFilter(flt)
+
+
 def create_open_clip_encoder(
     model_name: str,
     pretrained: str | None = None,
@@ -397,7 +418,7 @@ def create_open_clip_encoder(
     try:
         # The model is built on the CPU and then moved to `device`, so the seeded CPU generator
         # alone decides a random init.
-        with seeded_init(seed) if random_init else contextlib.nullcontext():
+        with seeded_init(seed) if random_init else contextlib.nullcontext(), _quiet_random_init(random_init):
             model, _, preprocess = open_clip.create_model_and_transforms(
                 model_name, pretrained=pretrained, device=device
             )
