@@ -458,7 +458,11 @@ def test_explain_bad_inputs(saved_tiny, tmp_path, capsys):
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"not an image at all")
     assert main([*base, str(bad), "red", "--out", str(tmp_path / "o")]) == 2
-    assert "cannot decode the image" in capsys.readouterr().err
+    assert "bad.png: cannot decode image" in capsys.readouterr().err
+    bomb = tmp_path / "bomb.png"
+    Image.new("1", (10_000, 10_000)).save(bomb)  # 100 Mpx in a few kB: refused from the header
+    assert main([*base, str(bomb), "red", "--out", str(tmp_path / "o")]) == 2
+    assert "bomb.png: 10000 x 10000 = 100000000 pixels exceeds the limit" in capsys.readouterr().err
     small = _png(tmp_path / "small.png", 3, 3)
     assert main([*base, str(small), "red", "--out", str(tmp_path / "o")]) == 2
     assert "image size 3x3 is smaller than one patch (4x4 pixels)" in capsys.readouterr().err

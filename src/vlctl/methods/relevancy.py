@@ -495,18 +495,16 @@ def save_overlay(
 # --------------------------------------------------------------------------------------------
 
 
-def load_image(path: str | Path) -> np.ndarray:
-    """An image file -> uint8 RGB (H, W, 3); a missing or undecodable file is a VlctlError."""
-    from PIL import Image, UnidentifiedImageError
+def load_image(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
+    """An image file -> uint8 RGB (H, W, 3), through the one image reader (`vlctl.images.read_image`):
+    a missing or undecodable file, or one over the pixel limit (a decompression bomb, refused from
+    its header before any pixel is decoded), is a VlctlError naming the file."""
+    from vlctl.images import DEFAULT_MAX_PIXELS, read_image
 
     p = Path(path)
     if not p.is_file():
         raise VlctlError(f"{p}: image file not found")
-    try:
-        with Image.open(p) as im:
-            return np.asarray(im.convert("RGB"), dtype=np.uint8).copy()
-    except (UnidentifiedImageError, OSError, ValueError) as e:
-        raise VlctlError(f"{p}: cannot decode the image ({e})") from None
+    return np.asarray(read_image(p, max_pixels or DEFAULT_MAX_PIXELS), dtype=np.uint8).copy()
 
 
 def _parse_blocks(s: str) -> Blocks:
