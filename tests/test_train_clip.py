@@ -11,6 +11,7 @@ merged entry points must give the same weights, bit for bit, and the same loss l
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -159,3 +160,38 @@ def test_pretrain_clip_is_the_old_trainer_bit_for_bit(mad_dir, tiny_config, tmp_
     _same_weights(tmp_path / "old" / "model", tmp_path / "new" / "model")
     assert _losses(tmp_path / "new") == _losses(tmp_path / "old")
     assert _setup(tmp_path / "new") == _setup(tmp_path / "old")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_training_child_dies_with_its_parent(tmp_path):
+    """launch_clip_training's torchrun child gets SIGTERM when the recipe process is killed (SIGKILL
+    included), so no training keeps running behind a dead `vlctl reproduce`."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from vlctl.train.clip import die_with_parent\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], preexec_fn=die_with_parent)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(c.pid))\n"
+        "time.sleep(120)\n")])
+    for _ in range(200):
+        if pid_file.is_file() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=30)
+    for _ in range(100):  # the orphan is re-parented and, signalled, exits (a zombie counts as gone)
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    raise AssertionError("the child outlived its killed parent")

@@ -135,6 +135,19 @@ def train_clip_arrays(
                  param_groups=groups, resume=resume, run_config=run_config, device=device)
 
 
+def die_with_parent() -> None:
+    """`preexec_fn` of a child process: the kernel sends it SIGTERM when this process dies, however
+    it dies (Linux's PR_SET_PDEATHSIG), so a killed recipe leaves no training behind; torchrun
+    stops its ranks on SIGTERM. Elsewhere a no-op."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def launch_clip_training(
     data_dir: str | Path, out_dir: str | Path, cfg: ClipTrainConfig, loop: LoopConfig, procs: int, resume: bool = False
 ) -> None:
@@ -155,4 +168,4 @@ def launch_clip_training(
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}",
            "-m", "vlctl", "train", "clip", "--data", str(data_dir), "--out", str(out_dir),
            *config_to_flags(cfg), *config_to_flags(loop)] + (["--resume"] if resume else [])
-    subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=die_with_parent)
