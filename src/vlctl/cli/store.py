@@ -22,17 +22,15 @@ _INDEX_PREFIX = "index-"  # IndexConfig fields become --index-kind, --index-nlis
 
 
 def _index_config(args: argparse.Namespace, default_kind: str):
-    """The IndexConfig from --index-* flags over `default_kind`; with no flag, an existing store
-    keeps its own index and a new one gets `default_kind`."""
+    """The IndexConfig from --index-* flags over `default_kind`; with no flag, None for an existing
+    store (it keeps its own index) and `default_kind` for a new one."""
     from pathlib import Path
 
-    from vlctl.embeddings.store import IndexConfig, open_store
+    from vlctl.embeddings.store import IndexConfig
 
     if any(getattr(args, _INDEX_PREFIX + f.name) is not None for f in dataclasses.fields(IndexConfig)):
         return config_from_args(IndexConfig, args, base=IndexConfig(kind=default_kind), prefix=_INDEX_PREFIX)
-    if (Path(args.out) / "manifest.json").is_file():
-        return open_store(args.out).config
-    return IndexConfig(kind=default_kind)
+    return None if (Path(args.out) / "manifest.json").is_file() else IndexConfig(kind=default_kind)
 
 
 def _embed_into_store(args: argparse.Namespace, default_kind: str) -> dict:

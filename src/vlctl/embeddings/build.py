@@ -7,6 +7,7 @@ are skipped, so re-running `vlctl embed` on a folder that grew embeds only the n
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,6 @@ def embed_source(
             raise VlctlError(f"{store.path}: the store holds other data ({store.info.get('data_id')!r}), not the "
                              f"generated set {source.name} ({source.data_id!r}); embed it into another --out")
         return store, {**report, "already_present": len(source), "count": len(store)}
-    import time
-
     start = time.perf_counter()
     n, dim = len(source), int(encoder.embed_dim)
     image_emb = np.empty((n, dim), np.float32)

@@ -226,12 +226,7 @@ def embed_image_files(
             if x is not None:
                 with torch.inference_mode():
                     emb = encoder.encode_images(x, normalize=True)
-                if tuple(emb.shape) != (len(idx), dim):
-                    raise VlctlError(
-                        f"encoder {encoder.id!r}: encode_images returned shape {tuple(emb.shape)}, "
-                        f"expected ({len(idx)}, {dim})"
-                    )
-                out[idx.numpy()] = emb.detach().float().cpu().numpy()
+                out[idx.numpy()] = _check_output(emb, len(idx), dim, encoder.id, "encode_images")
                 got[idx.numpy()] = True
             bar.update(len(idx) + len(failed))
             if failures:

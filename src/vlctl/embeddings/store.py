@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -202,7 +203,13 @@ class Store:
         """The text of every text row, in row order; None if the store holds none."""
         if not len(self.texts_table):
             return None
-        return [m["text"] for m in self.texts_table.metadata()]
+        return [m["text"] for m in self._text_metadata]
+
+    @functools.cached_property
+    def _text_metadata(self) -> list[dict]:
+        # Parsed once per opened store (an add returns a new Store): texts, image_of_text and
+        # pairs all read it, and a million captions take seconds to parse.
+        return self.texts_table.metadata()
 
     def image_of_text(self) -> np.ndarray:
         """(n_texts,) int64: the image row each text row describes.
@@ -210,7 +217,7 @@ class Store:
         Text rows written with an "image" field use it; a store whose texts carry none and whose
         text count equals its image count pairs them row by row (a captioned generated set).
         """
-        meta = self.texts_table.metadata()
+        meta = self._text_metadata
         if meta and all("image" in m for m in meta):
             return np.array([m["image"] for m in meta], dtype=np.int64)
         if len(meta) == len(self) and not any("image" in m for m in meta):
