@@ -154,7 +154,7 @@ def index_images(
             text_meta = [{"text": c, "image": len(gallery) + r} for r, i in enumerate(rows) for c in captions[i]]
             if text_meta:
                 text_emb = np.empty((len(text_meta), int(encoder.embed_dim)), np.float32)
-                embed_text_list(encoder, [t["text"] for t in text_meta], text_emb, 256, progress)
+                embed_text_list(encoder, [t["text"] for t in text_meta], text_emb, (extract or ExtractConfig()).batch_size, progress)
                 n_captions = len(text_meta)
             for r, i in enumerate(rows):
                 if captions[i]:
