@@ -61,7 +61,7 @@ def test_contact_sheet_grid_title_and_unreadable_tiles(tmp_path):
     band = np.asarray(Image.open(long.path).convert("RGB"))[: 20 + extra]
     assert (band[:, -2:] == 255).all() and (band.min(axis=2) < 100).sum() > 50
     empty = write_contact_sheet([], tmp_path / "e.png", title="")
-    assert empty.n_images == 0 and Image.open(empty.path).size == (100, 2)
+    assert empty.n_images == 0 and Image.open(empty.path).size == (128 + 4, 2)  # the default thumb: 128 px
     with pytest.raises(VlctlError, match="thumb must be"):
         write_contact_sheet(items, tmp_path / "x.png", thumb=2)
 

@@ -1,5 +1,5 @@
-"""3VL relevancy maps (vlctl.methods.relevancy): HilaCAM, token removal, Anchor / DiRe, overlays,
-the evaluation helpers and `vlctl explain`.
+"""3VL relevancy maps (vlctl.methods.relevancy): HilaCAM, token removal, Anchor / DiRe, overlays
+(vlctl.report.overlays), the evaluation helpers and `vlctl explain` (figures: tests/test_figures.py).
 
 Real random-initialised models only: TinyCLIPs (a plain ViT and the MAD one with a conv stem), a
 tiny OpenCLIP ViT registered from a config dict, and HF CLIP / SigLIP built from small configs.
@@ -296,22 +296,24 @@ def test_normalize_map():
 
 
 def test_save_overlay_png(tmp_path):
+    from vlctl.report.overlays import MIN_SIDE, save_overlay
+
     rng = np.random.default_rng(0)
     img = rng.integers(0, 256, (30, 20, 3), dtype=np.uint8)
     hot = np.zeros((4, 4), np.float32)
     hot[0, 0] = 1.0
-    p = rel.save_overlay(img, hot, tmp_path / "a.png", title="red circle")
-    q = rel.save_overlay(img, hot[::-1, ::-1].copy(), tmp_path / "b.png")
-    d = rel.save_overlay(img, hot - hot[::-1, ::-1], tmp_path / "d.png", diverging=True)
+    p = save_overlay(tmp_path / "a.png", img, hot, title="red circle")
+    q = save_overlay(tmp_path / "b.png", img, hot[::-1, ::-1].copy(), title="red circle")
+    d = save_overlay(tmp_path / "d.png", img, hot - hot[::-1, ::-1])
     for f in (p, q, d):
         assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         with Image.open(f) as im:
-            assert im.format == "PNG" and im.size == (20, 30) and im.mode == "RGB"
+            assert im.format == "PNG" and im.mode == "RGB" and min(im.size) > MIN_SIDE  # panel + title + colour bar
     a, b = np.asarray(Image.open(p)), np.asarray(Image.open(q))
-    assert not np.array_equal(a[-5:, -5:], b[-5:, -5:])  # the hot corner moved
+    assert a.shape == b.shape and not np.array_equal(a, b)  # the hot corner moved
     assert not list(tmp_path.glob(".*.tmp"))  # atomic: no temp files left
     with pytest.raises(VlctlError, match="uint8 image"):
-        rel.save_overlay(img.astype(np.float32), hot, tmp_path / "x.png")
+        save_overlay(tmp_path / "x.png", img.astype(np.float32), hot)
 
 
 # --------------------------------------------------------------------------------------------
@@ -426,14 +428,15 @@ def test_explain_end_to_end(saved_tiny, tmp_path, capsys):
     assert sorted(Path(f).name for f in res["files"]) == sorted(names)
     for n in names[:4]:
         with Image.open(out / n) as im:
-            assert im.format == "PNG" and im.size == (32, 32)  # the central square the model sees
+            assert im.format == "PNG" and min(im.size) >= 384  # the whole 32 x 40 image, drawn >= 384 px
     z = np.load(out / "maps.npz")
-    assert {"hilacam_positive", "hilacam_negative", "anchor", "dire", "texts", "scores"} <= set(z.files)
+    assert {"hilacam_positive", "hilacam_negative", "anchor", "dire", "texts", "scores", "region"} <= set(z.files)
     assert z["texts"].tolist() == ["red circle", "blue circle", "red or blue"]
+    assert res["fit"] == "letterbox" and z["region"].tolist() == [0.0, 0.1, 1.0, 0.9]  # 32 wide in a 40 square
 
     enc = create(f"tiny:{saved_tiny}")
     arr = np.asarray(Image.open(img).convert("RGB"))
-    x = enc.preprocess(arr)[None]
+    x = enc.preprocess(rel.letterbox(arr).image)[None]  # the whole image, padded to a square
     np.testing.assert_allclose(z["hilacam_positive"], rel.hila_cam(enc, x, ["red circle"])[0], rtol=1e-5)
     np.testing.assert_allclose(z["anchor"], rel.hila_cam(enc, x, ["red or blue"])[0], rtol=1e-5)
     e = enc.encode_images(x)
@@ -484,11 +487,11 @@ def test_png_roundtrip_helpers(tmp_path):
 @pytest.mark.slow  # loads spaCy (~8 s)
 def test_explain_default_anchor_from_trees(saved_tiny, tmp_path):
     from vlctl.methods.anchor import anchor_text
-    from vlctl.methods.relevancy import explain
+    from vlctl.report.overlays import write_explain
 
     enc = create(f"tiny:{saved_tiny}")
     arr = np.asarray(Image.open(_png(tmp_path / "in.png", 16, 16)).convert("RGB"))
-    res = explain(enc, arr, "red circle", "blue circle", tmp_path / "out")
+    res = write_explain(enc, arr, "red circle", "blue circle", tmp_path / "out")
     assert res["anchor_text"] == anchor_text("red circle", "blue circle")
     x = enc.preprocess(arr)[None]
     np.testing.assert_allclose(

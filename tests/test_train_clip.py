@@ -164,20 +164,19 @@ def test_pretrain_clip_is_the_old_trainer_bit_for_bit(mad_dir, tiny_config, tmp_
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_training_child_dies_with_its_parent(tmp_path):
-    """launch_clip_training's torchrun child gets SIGTERM when the recipe process is killed (SIGKILL
-    included), so no training keeps running behind a dead `vlctl reproduce`."""
+    """run_child's child (torchrun, for launch_clip_training) gets SIGTERM when the recipe process
+    is killed (SIGKILL included), so no training keeps running behind a dead `vlctl reproduce`."""
     import os
     import signal
     import subprocess
     import time
 
     pid_file = tmp_path / "child.pid"
+    stmt = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
     parent = subprocess.Popen([sys.executable, "-c", (
-        "import subprocess, sys, time\n"
-        "from vlctl.train.clip import die_with_parent\n"
-        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], preexec_fn=die_with_parent)\n"
-        f"open({str(pid_file)!r}, 'w').write(str(c.pid))\n"
-        "time.sleep(120)\n")])
+        "import os\n"
+        "from vlctl.train.clip import run_child\n"
+        f"run_child('timeit', ['-n', '1', {stmt!r}], dict(os.environ), 'sleeping')\n")])
     for _ in range(200):
         if pid_file.is_file() and pid_file.read_text():
             break
@@ -195,3 +194,14 @@ def test_a_training_child_dies_with_its_parent(tmp_path):
         time.sleep(0.1)
     os.kill(child, signal.SIGKILL)
     raise AssertionError("the child outlived its killed parent")
+
+
+def test_a_failed_training_child_is_one_error(tmp_path):
+    """A child that fails raises a VlctlError naming what failed (the CLI prints it as one line)."""
+    import os
+
+    from vlctl.io import VlctlError
+    from vlctl.train.clip import run_child
+
+    with pytest.raises(VlctlError, match="training into x failed"):
+        run_child("timeit", ["-n", "1", "raise SystemExit(3)"], dict(os.environ), "training into x")

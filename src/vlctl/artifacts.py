@@ -7,9 +7,12 @@
       ...                what the estimator adds (TEVI: its SAE in sae/; TreeTuner: adapters/, model/)
 
 The directory is built under a temporary name and renamed into place (`vlctl.io.atomic_dir`), and
-config.json is written last. A class with REPLACES_DIR False (TreeTuner, whose directory also holds
-its training run and the caller's files) writes its files and subdirectories into `DIR` one by
-one, each atomically, removing config.json first and writing it last. `load_estimator` refuses, with a VlctlError naming the file: a
+config.json is written last; it is the marker that lets a later save replace the directory: an
+existing `DIR` that holds no saved estimator of the same class is refused unless --overwrite, and
+then only the estimator's own entries are replaced. A class with REPLACES_DIR False (TreeTuner,
+whose directory also holds its training run and the caller's files) writes its files and
+subdirectories into `DIR` one by one, each atomically, removing config.json first and writing it
+last, under the directory's lock. `load_estimator` refuses, with a VlctlError naming the file: a
 directory of another class, a format version this vlctl does not read, an encoder id other than
 the caller's (the embedding space the estimator was fitted in), a config with unknown fields, and
 weights whose names, shapes or dtypes do not match the config. A directory written before this
@@ -26,7 +29,16 @@ import torch
 from torch import nn
 
 from vlctl.config import config_from_dict, config_to_dict
-from vlctl.io import VlctlError, atomic_dir, atomic_save_safetensors, atomic_write_json, read_json
+from vlctl.io import (
+    VlctlError,
+    atomic_dir,
+    atomic_save_safetensors,
+    atomic_write_json,
+    locked,
+    output_policy,
+    read_json,
+    recover_dir,
+)
 
 FORMAT = "vlctl.estimator"
 CONFIG_FILE = "config.json"
@@ -62,12 +74,22 @@ def save_estimator(est: Any, path: str | Path) -> Path:
 
     path = Path(path)
     if cls.REPLACES_DIR:
-        with atomic_dir(path) as tmp:
+        with atomic_dir(path, kind=(CONFIG_FILE, FORMAT, cls.__name__)) as tmp:
             write(tmp)
     else:  # each file or subdirectory atomically, other entries of `path` kept; config.json goes first and last
-        path.mkdir(parents=True, exist_ok=True)
-        (path / CONFIG_FILE).unlink(missing_ok=True)
-        write(path)
+        with locked(path):
+            cfg = path / CONFIG_FILE
+            try:
+                old = read_json(cfg) if cfg.is_file() else None
+            except VlctlError:
+                old = None
+            ours = isinstance(old, dict) and old.get("format") == FORMAT and old.get("class") == cls.__name__
+            if cfg.exists() and not ours and not output_policy().overwrite:
+                raise VlctlError(f"{cfg}: exists and is not a saved {cls.__name__}; refusing to replace it (choose "
+                                 "another output directory, or pass --overwrite)")
+            path.mkdir(parents=True, exist_ok=True)
+            cfg.unlink(missing_ok=True)
+            write(path)
     return path
 
 
@@ -75,6 +97,8 @@ def read_document(cls: type, path: str | Path, encoder_id: str | None = None) ->
     """config.json of a saved `cls` (or its legacy equivalent) -> (document, the file it came from),
     checked for format, class, version and encoder id."""
     path = Path(path)
+    if not path.exists():
+        recover_dir(path)  # a save killed between its two renames
     cfg_path = path / CONFIG_FILE
     name = cls.__name__
     refit = REFIT.get(name, "fit it again")

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
 
 from vlctl.io import VlctlError
@@ -26,6 +27,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("embed", "store:embed", "embed images (and their captions) from a folder, a CSV/JSONL or a generated set into a store"),
     ("index", "store:index", "embed a folder of images into a store with a FAISS index (incremental: new images only)"),
     ("search", "store:search", "search a store by text, image or embedding"),
+    ("verify", "verify:verify", "check every file of a store, generated set or checkpoint against its recorded sha256"),
     ("fit sae", "methods:fit_sae", "fit a TopK SAE (or a CG-SAE with --concepts) on a store's image embeddings"),
     ("fit tevi", "methods:fit_tevi", "train TEVI's caption-conditioned mask over a fitted SAE"),
     ("fit controlembed", "methods:fit_controlembed", "fit the ControlEmbed hypernetwork on a store's labelled embeddings"),
@@ -47,10 +49,22 @@ GROUPS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors are one line on stderr (exit 2), like every other vlctl error:
+    'vlctl: error: --lr must be > 0, got -1 (see vlctl train clip --help)'."""
+
+    def error(self, message: str):
+        m = re.match(r"argument (\S+?)(?:/\S+)?: (.*)", message, re.DOTALL)
+        if m:  # "argument --lr: must be > 0" -> "--lr must be > 0"; other messages keep the flag's colon
+            name, rest = m.groups()
+            message = f"{name} {rest}" if rest.startswith("must ") else f"{name}: {rest}"
+        self.exit(2, f"vlctl: error: {_single_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vlctl import __version__
 
-    parser = argparse.ArgumentParser(prog="vlctl", description="Controllable vision-language embedding spaces.")
+    parser = _Parser(prog="vlctl", description="Controllable vision-language embedding spaces.")
     parser.add_argument("--version", action="version", version=f"vlctl {__version__}")
     parser.add_argument("--debug", action="store_true",
                         help="show the Python traceback of an error (also VLCTL_DEBUG=1)")
@@ -70,33 +84,106 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
         getattr(mod, func + "_args")(p)
-        p.set_defaults(handler=getattr(mod, func))
+        flags = {a.dest: (a.option_strings or [a.metavar or a.dest])[0] for a in p._actions}
+        p.set_defaults(handler=getattr(mod, func), _vlctl_flags=flags)
     return parser
+
+
+MAX_ECHO = 200  # characters of one user value an error repeats
+MAX_LINE = 2000  # characters of an error line
+_LONG_QUOTED = re.compile("'[^'\n]{%d,}'|\"[^\"\n]{%d,}\"" % ((MAX_ECHO + 1,) * 2))  # noqa: UP031
+
+
+def _single_line(text: str) -> str:
+    """`text` as one line: newlines folded, quoted values over MAX_ECHO characters cut (a 10,000-word
+    caption is not repeated whole), the line cut at MAX_LINE."""
+    from vlctl.config import shorten
+
+    def cut(m: re.Match) -> str:
+        s = m.group(0)
+        return f"{s[:MAX_ECHO]}...{s[0]} ({len(s) - 2} characters)"
+
+    text = _LONG_QUOTED.sub(cut, text)
+    text = " / ".join(ln.strip() for ln in text.strip().splitlines() if ln.strip())
+    return shorten(text, MAX_LINE)
 
 
 def _one_line(e: BaseException) -> str:
     """An error as the one line the user sees: OSError names its file and reason."""
     if isinstance(e, OSError) and e.filename is not None:
-        return f"{e.filename}: {e.strerror or e}"
-    if isinstance(e, UnicodeDecodeError):
-        return f"not UTF-8 text (byte {e.start}: {e.reason}); vlctl reads text files as UTF-8"
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0] if not isinstance(e, VlctlError) else text
+        text = f"{e.filename}: {e.strerror or e}"
+    elif isinstance(e, UnicodeDecodeError):
+        text = f"not UTF-8 text (byte {e.start}: {e.reason}); vlctl reads text files as UTF-8"
+    else:
+        text = str(e).strip() or type(e).__name__
+        if not isinstance(e, VlctlError):
+            text = text.splitlines()[0]
+    return _single_line(text)
+
+
+def _argv_not_utf8(argv: list[str]) -> str | None:
+    """The error for the first argument holding bytes that are not UTF-8 (Python passes them on as
+    lone surrogates), naming the flag it belongs to; None when every argument is UTF-8."""
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            try:
+                raw = arg.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:  # a surrogate that stands for no byte
+                raw = arg.encode("utf-8", "surrogatepass")
+            try:
+                raw.decode("utf-8")
+                at = 0
+            except UnicodeDecodeError as e:
+                at = e.start
+            prev = argv[i - 1] if i else ""
+            name = prev if prev.startswith("--") and "=" not in prev else f"argument {i + 1}"
+            if arg.startswith("--"):
+                name = arg.partition("=")[0].encode("utf-8", "backslashreplace").decode()
+            return (f"{name}: not UTF-8 at byte {at} (0x{raw[at]:02x}) of "
+                    f"{_show_bytes(raw)}; vlctl reads its arguments as UTF-8")
+    return None
+
+
+def _show_bytes(raw: bytes) -> str:
+    from vlctl.config import shorten
+
+    return shorten(repr(raw), MAX_ECHO)
 
 
 def main(argv: list[str] | None = None) -> int:
     """The CLI's one error boundary: a user's mistake (VlctlError, and the OSError, UnicodeDecodeError
     and ValueError that bad input raises) is one line on stderr and exit code 2; Ctrl-C is one line
-    and 130. `--debug` or VLCTL_DEBUG=1 lets the exception through, with its traceback."""
+    and 130. `--debug` or VLCTL_DEBUG=1 lets the exception through, with its traceback.
+
+    Bad values fail before any work: an argument that is not UTF-8, then a flag out of its range
+    (while parsing: `vlctl.config.flag_type`, `vlctl.cli.args`), then the file system under the path
+    flags (`check_paths`) and the configs the flags make (`check_config_args`). A user's value is
+    echoed at most MAX_ECHO characters long."""
+    from vlctl.cli.args import check_paths
+    from vlctl.config import check_config_args
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    bad = _argv_not_utf8(argv)
+    if bad:
+        print(f"vlctl: error: {bad}", file=sys.stderr)
+        return 2
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a usage error (one line, already printed), or --help / --version
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     debug = args.debug or os.environ.get("VLCTL_DEBUG", "") not in ("", "0")
     try:
+        check_paths(args)  # the path flags against the file system, then every config the flags make:
+        check_config_args(args)  # both before the command starts any work
         result = args.handler(args)
     except KeyboardInterrupt:
         if debug:
             raise
-        print("vlctl: interrupted; finished stages and checkpoints are kept (rerun to resume)", file=sys.stderr)
+        again = "the same command with --resume" if hasattr(args, "resume") else "the same command"
+        print(f"vlctl: interrupted; finished stages and checkpoints are kept: {again} continues", file=sys.stderr)
         return 130
     except (VlctlError, OSError, UnicodeDecodeError, ValueError) as e:
         if debug:

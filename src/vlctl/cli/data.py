@@ -8,7 +8,11 @@ from vlctl.config import add_config_args, config_from_args
 
 
 def _out_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, help="output directory (written atomically)")
+    from vlctl.cli.args import out_path
+    from vlctl.cli.output import add_output_args
+
+    p.add_argument("--out", required=True, type=out_path("dir"), help="output directory (written atomically)")
+    add_output_args(p)
 
 
 def data_mad_args(p: argparse.ArgumentParser) -> None:

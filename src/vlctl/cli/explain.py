@@ -8,53 +8,70 @@ from vlctl.config import add_config_args, config_from_args
 
 
 def explain_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.cli.args import blocks_arg, device_arg, in_path, out_path, text_arg
     from vlctl.encoders.factory import SPEC_FORMS
 
-    p.add_argument("--encoder", required=True, help="encoder spec: " + " | ".join(SPEC_FORMS))
-    p.add_argument("image", help="image file (any format PIL reads)")
-    p.add_argument("positive", help="the (positive) text")
-    p.add_argument("negative", nargs="?", default=None, help="a negative text: adds the negative, Anchor and DiRe maps")
-    p.add_argument("--out", required=True, help="output directory (PNG overlays + maps.npz)")
-    p.add_argument("--blocks", default="all", help="ViT blocks to accumulate: all | last | an integer start block")
+    p.add_argument("--encoder", required=True, type=text_arg("spec"), help="encoder spec: " + " | ".join(SPEC_FORMS))
+    p.add_argument("image", type=in_path("image file", "file"), help="image file (any format PIL reads)")
+    p.add_argument("positive", type=text_arg(), help="the (positive) text")
+    p.add_argument("negative", nargs="?", default=None, type=text_arg(),
+                   help="a negative text: adds the negative, Anchor and DiRe maps")
+    p.add_argument("--out", required=True, type=out_path("dir"), help="output directory (PNG overlays + maps.npz)")
+    p.add_argument("--blocks", default="all", type=blocks_arg,
+                   help="ViT blocks to accumulate: all | last | an integer start block")
     p.add_argument(
-        "--anchor", default=None, help="anchor text (default: vlctl.methods.trees.anchor_text(positive, negative))"
+        "--anchor", default=None, type=text_arg(),
+        help="anchor text (default: vlctl.methods.trees.anchor_text(positive, negative))"
     )
-    p.add_argument("--device", default="cpu", help="torch device for the encoder (default: cpu)")
+    p.add_argument("--device", default="cpu", type=device_arg, help="torch device for the encoder (default: cpu)")
+    p.add_argument("--fit", choices=("letterbox", "crop"), default="letterbox",
+                   help="letterbox: pad the image to a square so the maps cover all of it (default); "
+                   "crop: the encoder's centre crop (the sides are never seen)")
+
+
+def _parse_blocks(s: str):
+    from vlctl.io import VlctlError
+
+    if s in ("all", "last"):
+        return s
+    try:
+        return int(s)
+    except ValueError:
+        raise VlctlError(f"--blocks must be 'all', 'last' or an integer start block, got {s!r}") from None
 
 
 def explain(args: argparse.Namespace) -> dict:
     from vlctl.encoders import create
-    from vlctl.methods.relevancy import _parse_blocks, load_image
-    from vlctl.methods.relevancy import explain as run
+    from vlctl.methods.relevancy import load_image
+    from vlctl.report.overlays import write_explain
 
     blocks = _parse_blocks(args.blocks)
     image = load_image(args.image)
     encoder = create(args.encoder, device=args.device)
-    return run(encoder, image, args.positive, args.negative, args.out, blocks=blocks, anchor=args.anchor)
+    return write_explain(encoder, image, args.positive, args.negative, args.out, blocks=blocks, anchor=args.anchor,
+                         fit=getattr(args, "fit", "letterbox"))
 
 
 def tree_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.cli.args import in_path, text_arg
     from vlctl.methods.trees import TreeConfig
 
-    p.add_argument("captions", nargs="*", metavar="CAPTION", help="English captions, each quoted")
-    p.add_argument("--file", default=None, help="a UTF-8 text file with one caption per line (blank lines skipped)")
+    p.add_argument("captions", nargs="*", metavar="CAPTION", type=text_arg("caption"),
+                   help="English captions, each quoted")
+    p.add_argument("--file", default=None, type=in_path("captions file", "file"),
+                   help="a UTF-8 text file with one caption per line (blank lines skipped)")
     add_config_args(p, TreeConfig)
 
 
 def _read_captions(args: argparse.Namespace) -> list[str]:
     from pathlib import Path
 
-    from vlctl.io import VlctlError
+    from vlctl.io import VlctlError, read_text_utf8
 
     captions = list(args.captions)
     if args.file is not None:
-        path = Path(args.file)
-        try:
-            captions += [ln.strip() for ln in path.read_text("utf-8").splitlines() if ln.strip()]
-        except OSError as e:
-            raise VlctlError(f"{path}: cannot read the captions file ({e.strerror})") from None
-        except UnicodeDecodeError as e:
-            raise VlctlError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        text = read_text_utf8(Path(args.file), "captions file")
+        captions += [ln.strip() for ln in text.splitlines() if ln.strip()]
     if not captions:
         raise VlctlError("tree: give one or more captions, or --file FILE with one caption per line")
     return captions

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vlctl.cli.output import add_output_args
 from vlctl.config import add_config_args, config_from_args
 from vlctl.io import VlctlError
 
@@ -26,8 +27,18 @@ def _open(path: str, need_texts: bool):
     return store
 
 
+def _finite(path: str, emb, what: str = "image embeddings") -> np.ndarray:
+    """The (n, d) embeddings of the store at `path` as float32, refusing NaN/Inf naming the store."""
+    from vlctl.methods.base import as_matrix
+
+    return as_matrix(emb, f"{path}: {what}")
+
+
 def _store_arg(p: argparse.ArgumentParser, help_: str) -> None:
-    p.add_argument("--store", "--cache", dest="store", required=True, help=help_ + " (`vlctl embed` / `vlctl index`)")
+    from vlctl.cli.args import in_path
+
+    p.add_argument("--store", "--cache", dest="store", required=True, type=in_path("store directory", "dir"),
+                   help=help_ + " (`vlctl embed` / `vlctl index`)")
 
 
 def fit_sae(args: argparse.Namespace) -> dict:
@@ -37,15 +48,16 @@ def fit_sae(args: argparse.Namespace) -> dict:
     cfg = config_from_args(SparseAutoencoder.Config, args)
     if args.concepts:
         from vlctl.encoders import create
+        from vlctl.io import read_text_utf8
 
         if not args.encoder:
             raise VlctlError("--concepts needs --encoder: the concepts are embedded with the cache's text encoder")
+        lines = [ln.strip() for ln in read_text_utf8(args.concepts, "concepts file").splitlines() if ln.strip()]
+        if not lines:
+            raise VlctlError(f"{args.concepts}: empty concept list (one concept per line)")
         encoder = create(args.encoder)
         if encoder.id != cache.encoder_id:
             raise VlctlError(f"{args.encoder}: encoder {encoder.id!r} is not the cache's {cache.encoder_id!r}")
-        lines = [ln.strip() for ln in Path(args.concepts).read_text().splitlines() if ln.strip()]
-        if not lines:
-            raise VlctlError(f"{args.concepts}: empty concept list (one concept per line)")
         import torch
 
         with torch.no_grad():
@@ -64,6 +76,7 @@ def fit_tevi(args: argparse.Namespace) -> dict:
 
     cache = _open(args.store, need_texts=True)
     image_emb, text_emb = cache.pairs()  # one row per caption: TEVI learns from image-caption pairs
+    image_emb, text_emb = _finite(args.store, image_emb), _finite(args.store, text_emb, "text embeddings")
     sae = SparseAutoencoder.load(args.sae, encoder_id=cache.encoder_id)
     tevi = TEVI(config_from_args(TEVI.Config, args), progress=True)
     tevi.fit(image_emb, text_emb, sae=sae, encoder_id=cache.encoder_id)
@@ -78,12 +91,10 @@ def score_tevi(args: argparse.Namespace) -> dict:
 
     store = _open(args.store, need_texts=True)
     tevi = TEVI.load(args.tevi, encoder_id=store.encoder_id)
-    img, txt = np.asarray(store.image_emb), np.asarray(store.text_emb)
+    img, txt = _finite(args.store, store.image_emb), _finite(args.store, store.text_emb, "text embeddings")
     image_of_text = store.image_of_text()
     base = img @ txt.T
-    if args.rerank:
-        if args.rerank < 1:
-            raise VlctlError(f"--rerank must be >= 1 (candidates per caption), got {args.rerank}")
+    if args.rerank:  # >= 1: the flag's type refuses the rest
         k = min(args.rerank, len(img))
         order = tevi.rerank(base, img, txt, k=k).order.numpy()  # (k, n_texts): each caption's top k, reranked
         # Scores whose per-text ranking is the reranked one: the top k get k, k-1, ..., 1; the rest
@@ -101,30 +112,44 @@ def score_tevi(args: argparse.Namespace) -> dict:
 
 
 def fit_sae_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.cli.args import in_path, out_path, text_arg
     from vlctl.methods.sae import SparseAutoencoder
 
     _store_arg(p, "the store whose image embeddings the SAE learns")
-    p.add_argument("--out", required=True, help="SAE directory to write (sae.safetensors + config.json)")
-    p.add_argument("--concepts", help="CG-SAE: text file, one concept per line; decoder rows fixed to their embeddings")
-    p.add_argument("--encoder", help="the store's encoder spec (tiny:DIR, open_clip:..., hf:...; needed with --concepts)")
+    p.add_argument("--out", required=True, type=out_path("dir"),
+                   help="SAE directory to write (sae.safetensors + config.json)")
+    add_output_args(p)
+    p.add_argument("--concepts", type=in_path("concepts file", "file"),
+                   help="CG-SAE: text file, one concept per line; decoder rows fixed to their embeddings")
+    p.add_argument("--encoder", type=text_arg("spec"),
+                   help="the store's encoder spec (tiny:DIR, open_clip:..., hf:...; needed with --concepts)")
     add_config_args(p, SparseAutoencoder.Config, exclude=(*SparseAutoencoder.DATA_FIELDS, "concepts_fixed"))
 
 
 def fit_tevi_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.cli.args import in_path, out_path
     from vlctl.methods.tevi import TEVI
 
     _store_arg(p, "a store with images and their captions")
-    p.add_argument("--sae", required=True, help="SAE directory from `vlctl fit sae` (same encoder as the cache)")
-    p.add_argument("--out", required=True, help="TEVI directory to write")
+    p.add_argument("--sae", required=True, type=in_path("SAE directory", "dir"),
+                   help="SAE directory from `vlctl fit sae` (same encoder as the cache)")
+    p.add_argument("--out", required=True, type=out_path("dir"), help="TEVI directory to write")
+    add_output_args(p)
     add_config_args(p, TEVI.Config, exclude=TEVI.DATA_FIELDS)
 
 
 def score_tevi_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.cli.args import MAX_K, in_path, int_arg, out_path
+
     _store_arg(p, "a store with images and captions")
-    p.add_argument("--tevi", required=True, help="TEVI directory from `vlctl fit tevi`")
-    p.add_argument("--out", required=True, help="output .npz: scores (n_images, n_texts) and base_scores (CLIP)")
-    p.add_argument("--rerank", type=int, default=0, help="rerank CLIP's top K per caption instead of scoring all "
-                   "pairs (scores then rank-encode the reranked order)")
+    p.add_argument("--tevi", required=True, type=in_path("TEVI directory", "dir"),
+                   help="TEVI directory from `vlctl fit tevi`")
+    p.add_argument("--out", required=True, type=out_path("file"),
+                   help="output .npz: scores (n_images, n_texts) and base_scores (CLIP)")
+    rerank = int_arg(0, MAX_K)
+    rerank.vlctl_phrase = f"must be >= 1 (candidates per caption; 0 = score every pair) and <= {MAX_K}"
+    p.add_argument("--rerank", type=rerank, default=0, help="rerank CLIP's top K per caption instead of scoring all "
+                   f"pairs (scores then rank-encode the reranked order; 1..{MAX_K}, 0 = off)")
 
 
 _NOT_LABELS = ("path", "relpath", "captions", "row", "key", "shard", "split")  # row fields that are no attribute
@@ -167,12 +192,17 @@ def fit_controlembed(args: argparse.Namespace) -> dict:
     from vlctl.methods.controlembed import ControlEmbed, prompt_ensemble
 
     store = _open(args.store, need_texts=False)
+    cfg = config_from_args(ControlEmbed.Config, args)
+    if args.rank is not None and cfg.parameterisation != "lowrank":
+        raise VlctlError(f"--rank applies to --parameterisation lowrank only (here: {cfg.parameterisation})")
+    if cfg.parameterisation == "lowrank" and cfg.rank > store.dim:
+        raise VlctlError(f"--rank must be <= the store's embedding dimension {store.dim}, got {cfg.rank}")
     spec = args.encoder or store.encoder_spec
     if not spec:
         raise VlctlError(f"{args.store}: the store records no encoder spec; pass --encoder SPEC")
+    fields = _read_labels(store, args.labels, args.image_column)  # before the encoder loads: a bad file fails fast
     encoder = create(spec)
     store.check_encoder(encoder.id)  # the class prompts must be embedded in the store's space
-    fields = _read_labels(store, args.labels, args.image_column)
     found = sorted({k for f in fields for k, v in f.items() if isinstance(v, (str, int))})
     categories = args.categories or found
     unknown = [c for c in categories if c not in found]
@@ -195,26 +225,31 @@ def fit_controlembed(args: argparse.Namespace) -> dict:
 
     text = {c: prompt_ensemble(lambda t: encoder.embed_texts(t), [phrase(c, v) for v in sorted(set(labels[c]))],
                                args.templates) for c in categories}
-    model = ControlEmbed(config_from_args(ControlEmbed.Config, args), progress=not args.json).fit(
-        np.asarray(store.image_emb)[keep], labels, encoder_id=encoder.id, class_text_emb=text)
+    model = ControlEmbed(cfg, progress=not args.json).fit(
+        _finite(args.store, store.image_emb)[keep], labels, encoder_id=encoder.id, class_text_emb=text)
     model.save(args.out)
     return {"out": str(args.out), "encoder_id": encoder.id, "categories": categories, "images": int(keep.sum()),
             "unlabelled_images": int((~keep).sum()), "final_loss": model.final_loss_}
 
 
 def fit_controlembed_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.cli.args import TEMPLATE, in_path, out_path, text_arg
     from vlctl.methods.controlembed import DEFAULT_TEMPLATES, ControlEmbed
 
     _store_arg(p, "the store of the images to learn the attributes from")
-    p.add_argument("--out", required=True, help="model directory (controlembed.safetensors + config.json)")
-    p.add_argument("--labels", default=None, help="a CSV / TSV / JSONL with an image column (path relative to the "
+    p.add_argument("--out", required=True, type=out_path("dir"),
+                   help="model directory (controlembed.safetensors + config.json)")
+    add_output_args(p)
+    p.add_argument("--labels", default=None, type=in_path("labels file", "file"), help="a CSV / TSV / JSONL with an image column (path relative to the "
                    "folder that was embedded, or the file name) and one column per attribute (default: the attribute "
                    "fields the store's rows carry, e.g. from `vlctl embed --annotations` or a generated set)")
-    p.add_argument("--image-column", default=None, help="the --labels column naming the image (default: the first of "
-                   "filepath, image, image_path, path, file, filename)")
-    p.add_argument("--encoder", default=None, help="encoder spec for the subclass prompts (default: the store's)")
-    p.add_argument("--categories", nargs="+", default=None, help="attributes to train on (default: every labelled one)")
-    p.add_argument("--templates", nargs="+", default=list(DEFAULT_TEMPLATES),
+    p.add_argument("--image-column", default=None, type=text_arg("column"), help="the --labels column naming the "
+                   "image (default: the first of filepath, image, image_path, path, file, filename)")
+    p.add_argument("--encoder", default=None, type=text_arg("spec"),
+                   help="encoder spec for the subclass prompts (default: the store's)")
+    p.add_argument("--categories", nargs="+", default=None, type=text_arg("attribute"),
+                   help="attributes to train on (default: every labelled one)")
+    p.add_argument("--templates", nargs="+", default=list(DEFAULT_TEMPLATES), type=TEMPLATE,
                    help="prompt templates with {} for the subclass, averaged per subclass")
     add_config_args(p, ControlEmbed.Config, exclude=ControlEmbed.DATA_FIELDS)
 
@@ -237,7 +272,7 @@ def _open_cluster_source(path: str, data: str | None):
             raise VlctlError(f"{source.name}: not the data the store {path} was embedded from (data id "
                              f"{source.data_id!r}, the store records {store.info.get('data_id')!r})")
         images, kind = (lambda ids: [source.array[i] for i in ids]), "generated"
-    return np.asarray(store.image_emb), store.encoder_id, kind, images
+    return _finite(path, store.image_emb), store.encoder_id, kind, images
 
 
 def cluster(args: argparse.Namespace) -> dict:
@@ -249,8 +284,10 @@ def cluster(args: argparse.Namespace) -> dict:
     if (args.store is None) == (args.store_flag is None):
         raise VlctlError("cluster: give the store once, as STORE or --store")
     source = args.store if args.store is not None else args.store_flag
-    if args.per_sheet < 1:
-        raise VlctlError(f"--per-sheet must be >= 1, got {args.per_sheet}")
+    if args.per_sheet * args.thumb**2 > MAX_SHEET_PIXELS:  # each flag is in range; their sheet must be too
+        raise VlctlError(f"--per-sheet {args.per_sheet} x --thumb {args.thumb}: a contact sheet of "
+                         f"{args.per_sheet * args.thumb**2:,} pixels exceeds the limit of {MAX_SHEET_PIXELS:,}; "
+                         "lower either")
     emb, encoder_id, kind, images_of = _open_cluster_source(source, args.data)
     model = ControlEmbed.load(args.controlembed)
     if model.encoder_id_ != encoder_id:
@@ -313,21 +350,32 @@ def cluster(args: argparse.Namespace) -> dict:
     return result
 
 
+MAX_THUMB = 1024  # pixels of a contact sheet thumbnail's side
+MAX_SHEET_PIXELS = 1 << 28  # --per-sheet x --thumb^2: about 800 MB of RGB
+
+
 def cluster_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("store", nargs="?", default=None, help="store directory (vlctl embed / vlctl index)")
-    p.add_argument("--store", "--gallery", dest="store_flag", default=None, help="the same as STORE")
+    from vlctl.cli.args import SEED, in_path, int_arg, out_path, text_arg
+
+    store = in_path("store directory", "dir")
+    p.add_argument("store", nargs="?", default=None, type=store, help="store directory (vlctl embed / vlctl index)")
+    p.add_argument("--store", "--gallery", dest="store_flag", default=None, type=store, help="the same as STORE")
     p.add_argument("--controlembed", "--model", dest="controlembed", required=True,
+                   type=in_path("ControlEmbed model directory", "dir"),
                    help="ControlEmbed model directory (vlctl fit controlembed), fitted on the store's encoder")
-    p.add_argument("--attribute", required=True, help="attribute category text, e.g. shape")
-    p.add_argument("--k", type=int, default=None, help="clusters (default: the category's number of subclasses)")
-    p.add_argument("--seed", type=int, default=0, help="k-means seed (default: 0)")
-    p.add_argument("--out", default=None, help="output directory: clusters.json and cluster_NN.png contact sheets "
-                   "(a path ending in .json writes only the cluster of every image there)")
-    p.add_argument("--per-sheet", type=int, default=32,
-                   help="images per contact sheet: those nearest the cluster centre (default: 32)")
-    p.add_argument("--thumb", type=int, default=96, help="thumbnail side in pixels (default: 96)")
-    p.add_argument("--cols", type=int, default=8, help="thumbnails per row (default: 8)")
-    p.add_argument("--data", default=None, help="for a store of a generated set: the set's directory, if it moved "
+    p.add_argument("--attribute", required=True, type=text_arg("attribute"),
+                   help="attribute category text, e.g. shape")
+    p.add_argument("--k", type=int_arg(1, 100_000), default=None,
+                   help="clusters (default: the category's number of subclasses)")
+    p.add_argument("--seed", type=SEED, default=0, help="k-means seed (default: 0)")
+    p.add_argument("--out", default=None, type=out_path("dir-or-json"), help="output directory: clusters.json and "
+                   "cluster_NN.png contact sheets (a path ending in .json writes only the cluster of every image there)")
+    p.add_argument("--per-sheet", type=int_arg(1, 4096), default=32,
+                   help="images per contact sheet: those nearest the cluster centre (default: 32; 1..4096)")
+    p.add_argument("--thumb", type=int_arg(8, MAX_THUMB), default=128,
+                   help=f"thumbnail side in pixels (default: 128; 8..{MAX_THUMB})")
+    p.add_argument("--cols", type=int_arg(1, 256), default=8, help="thumbnails per row (default: 8; 1..256)")
+    p.add_argument("--data", default=None, type=in_path("dataset directory", "dir"), help="for a store of a generated set: the set's directory, if it moved "
                    "since it was embedded (its images go on the contact sheets)")
 
 
@@ -380,12 +428,17 @@ def fit_tree(args) -> dict:
 
 
 def fit_tree_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.cli.args import in_path, out_path
     from vlctl.methods.tree_tune import TreeTuner
 
-    p.add_argument("--encoder", required=True, help="base TinyCLIP model directory (save_pretrained)")
-    p.add_argument("--data", default=None, help="scenes directory (vlctl data scenes), e.g. the finetune split")
-    p.add_argument("--store", default=None, help="or a store of a scenes set (`vlctl embed SCENES_DIR`): its images "
+    p.add_argument("--encoder", required=True, type=in_path("TinyCLIP model directory", "dir"),
+                   help="base TinyCLIP model directory (save_pretrained)")
+    p.add_argument("--data", default=None, type=in_path("scenes directory", "dir"),
+                   help="scenes directory (vlctl data scenes), e.g. the finetune split")
+    p.add_argument("--store", default=None, type=in_path("store directory", "dir"), help="or a store of a scenes set (`vlctl embed SCENES_DIR`): its images "
                    "and captions are read from the set it names")
-    p.add_argument("--out", required=True, help="output: adapters/ (adapter weights only) and model/ (merged TinyCLIP)")
+    p.add_argument("--out", required=True, type=out_path("dir"),
+                   help="output: adapters/ (adapter weights only) and model/ (merged TinyCLIP)")
+    add_output_args(p)
     p.add_argument("--resume", action="store_true", help="continue OUT/run/checkpoint (config must match)")
     add_config_args(p, TreeTuner.Config, exclude=TreeTuner.DATA_FIELDS)

@@ -14,6 +14,7 @@ import dataclasses
 import os
 import sys
 
+from vlctl.cli.output import add_output_args
 from vlctl.config import add_config_args, config_from_args
 from vlctl.io import VlctlError
 
@@ -92,6 +93,10 @@ def _load_query_embedding(path: str):
         q = q[0]
     if q.ndim != 1:
         raise VlctlError(f"{path}: expected one embedding of shape (dim,) or (1, dim), got {q.shape}")
+    if not np.issubdtype(q.dtype, np.number) or np.iscomplexobj(q):
+        raise VlctlError(f"{path}: expected a real-valued embedding, got dtype {q.dtype}")
+    if not np.isfinite(q).all():
+        raise VlctlError(f"{path}: the query embedding holds NaN or Inf")
     return q
 
 
@@ -162,28 +167,33 @@ def _spec_help() -> str:
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.cli.args import device_arg, in_path, out_path, source_arg, text_arg
     from vlctl.embeddings.extract import ExtractConfig
     from vlctl.embeddings.store import IndexConfig
 
     spec_help = _spec_help()
-    p.add_argument("source", help="a folder of images (recursive), a CSV/TSV/JSONL of image path + caption, "
+    p.add_argument("source", type=source_arg,
+                   help="a folder of images (recursive), a CSV/TSV/JSONL of image path + caption, "
                    "WebDataset .tar shards (shards-{000..009}.tar), or a generated set (vlctl data ...)")
-    p.add_argument("--encoder", required=True, help=spec_help)
-    p.add_argument("--out", required=True, help="store directory (created, or added to: new images only)")
+    p.add_argument("--encoder", required=True, type=text_arg("spec"), help=spec_help)
+    p.add_argument("--out", required=True, type=out_path("dir"),
+                   help="store directory (created, or added to: new images only)")
+    add_output_args(p)
     p.add_argument(
         "--annotations",
         default=None,
+        type=in_path("annotation file", "file"),
         help="for a folder: a CSV / TSV / JSONL naming images (paths relative to the folder) with a caption "
         "column and attribute columns (every other column, e.g. color, becomes a field of the image's row)",
     )
-    p.add_argument("--image-column", default=None, help="the annotation column with the image path (default: the "
-                   "first of filepath, image, image_path, path, file, filename)")
-    p.add_argument("--caption-column", default=None, help="the annotation column with the caption (default: the "
+    p.add_argument("--image-column", default=None, type=text_arg("column"), help="the annotation column with the "
+                   "image path (default: the first of filepath, image, image_path, path, file, filename)")
+    p.add_argument("--caption-column", default=None, type=text_arg("column"), help="the annotation column with the caption (default: the "
                    "first of title, caption, text, captions, description)")
     p.add_argument(
         "--skip-missing", action="store_true", help="drop annotated images that are not on disk instead of failing"
     )
-    p.add_argument("--device", default="cpu", help="torch device for the encoder (default: cpu)")
+    p.add_argument("--device", default="cpu", type=device_arg, help="torch device for the encoder (default: cpu)")
     p.add_argument(
         "--precision",
         default="fp32",
@@ -204,18 +214,39 @@ def index_args(p: argparse.ArgumentParser) -> None:
 
 
 def search_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.cli.args import MAX_K, device_arg, in_path, int_arg, text_arg
+
     spec_help = _spec_help()
-    p.add_argument("store", help="store directory (made by `vlctl index`)")
+    p.add_argument("store", type=in_path("store directory", "dir"), help="store directory (made by `vlctl index`)")
     q = p.add_mutually_exclusive_group(required=True)
-    q.add_argument("--text", help="query text")
-    q.add_argument("--image", help="query image file")
-    q.add_argument("--embedding", help="query embedding: a .npy file of shape (dim,) or (1, dim)")
-    p.add_argument("--attribute", default=None, help="with --image: search by this attribute only (e.g. color), "
-                   "ControlEmbed query mode; needs --controlembed")
-    p.add_argument("--controlembed", default=None, help="ControlEmbed model directory (vlctl fit controlembed)")
-    p.add_argument("--rerank", default=None, help="with --text: re-score the top candidates with tevi:DIR "
-                   "(a TEVI fitted on the store's encoder)")
-    p.add_argument("--rerank-candidates", type=int, default=100, help="candidates the reranker sees (default: 100)")
-    p.add_argument("-k", type=int, default=10, help="number of results (default: 10)")
-    p.add_argument("--encoder", default=None, help=spec_help + " (default: the one recorded in the store)")
-    p.add_argument("--device", default="cpu", help="torch device for the encoder (default: cpu)")
+    q.add_argument("--text", type=text_arg(), help="query text")
+    q.add_argument("--image", type=in_path("query image", "file"), help="query image file")
+    q.add_argument("--embedding", type=in_path("query embedding .npy", "file"),
+                   help="query embedding: a .npy file of shape (dim,) or (1, dim)")
+    p.add_argument("--attribute", default=None, type=text_arg("attribute"), help="with --image: search by this "
+                   "attribute only (e.g. color), ControlEmbed query mode; needs --controlembed")
+    p.add_argument("--controlembed", default=None, type=in_path("ControlEmbed model directory", "dir"),
+                   help="ControlEmbed model directory (vlctl fit controlembed)")
+    p.add_argument("--rerank", default=None, type=_rerank_spec, help="with --text: re-score the top candidates "
+                   "with tevi:DIR (a TEVI fitted on the store's encoder)")
+    p.add_argument("--rerank-candidates", type=int_arg(1, MAX_K), default=100,
+                   help=f"candidates the reranker sees (default: 100; at most {MAX_K})")
+    p.add_argument("-k", type=int_arg(1, MAX_K), default=10, help=f"number of results (default: 10; at most {MAX_K})")
+    p.add_argument("--encoder", default=None, type=text_arg("spec"),
+                   help=spec_help + " (default: the one recorded in the store)")
+    p.add_argument("--device", default="cpu", type=device_arg, help="torch device for the encoder (default: cpu)")
+
+
+def _rerank_spec(text: str) -> str:
+    """`--rerank tevi:DIR`, DIR an existing directory."""
+    import os
+
+    from vlctl.config import shorten
+
+    kind, _, path = text.partition(":")
+    if kind != "tevi" or not path:
+        raise argparse.ArgumentTypeError(f"must be tevi:DIR (a directory written by `vlctl fit tevi`), got "
+                                         f"{shorten(repr(text))}")
+    if not os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{shorten(path)}: TEVI directory not found")
+    return text

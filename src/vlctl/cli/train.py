@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 
+from vlctl.cli.output import add_output_args
 from vlctl.config import add_config_args, config_from_args
 
 
 def train_clip_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.cli.args import in_path, out_path
     from vlctl.train.clip import ClipTrainConfig
     from vlctl.train.loop import LoopConfig
 
-    p.add_argument("--data", required=True, help="dataset directory (MAD format)")
-    p.add_argument("--out", required=True, help="run directory (checkpoint/, model/, log.jsonl)")
+    p.add_argument("--data", required=True, type=in_path("dataset directory", "dir"),
+                   help="dataset directory (MAD format)")
+    p.add_argument("--out", required=True, type=out_path("dir"), help="run directory (checkpoint/, model/, log.jsonl)")
+    add_output_args(p)
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint (config must match)")
     add_config_args(p, ClipTrainConfig)
     add_config_args(p, LoopConfig)

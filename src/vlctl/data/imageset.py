@@ -1,9 +1,13 @@
 """The on-disk image set every generator writes (MAD, shapes, scenes): the one writer and reader.
 
-Writing: chunks rendered in parallel into a memmapped images.npy, plus labels.jsonl and
-meta.json with hashes, all inside one atomically renamed directory (`write_image_set`).
-Reading: `load_image_set` checks meta.json, the files, the counts and every label (with the
-label checker of the directory's format) and returns the images memory-mapped; the pieces it is
+Writing: chunks rendered in parallel into a memmapped images.npy (its blocks reserved first, so a
+full disk is an error before any rendering), plus labels.jsonl and meta.json with the files' sha256
+and fast hashes, all inside one atomically renamed directory (`write_image_set`); meta.json is the
+marker that lets a later run of the same generator replace it (anything else at `out` is refused
+unless --overwrite, see `vlctl.io.atomic_dir`).
+Reading: `load_image_set` checks meta.json, the files, their fast hashes (an images.npy edited in
+place is refused, so no cache serves embeddings of the old images), the counts and every label
+(with the label checker of the directory's format) and returns the images memory-mapped; the pieces it is
 made of (`open_image_set_files`, `read_labels`, `check_image_set`) serve formats with their own
 meta checks (scenes).
 """
@@ -24,7 +28,11 @@ from vlctl.io import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
+    check_content,
+    fast_hash_file,
+    open_memmap,
     read_json,
+    recover_dir,
     sha256_file,
 )
 
@@ -53,9 +61,9 @@ def write_image_set(
     chunk = max(1, min(chunk_max, -(-n // (4 * workers))))
     bounds = [(s, min(s + chunk, n)) for s in range(0, n, chunk)]
     out = Path(out)
-    with atomic_dir(out) as tmp, contextlib.ExitStack() as stack:
-        images = np.lib.format.open_memmap(tmp / "images.npy", mode="w+", dtype=np.uint8,
-                                           shape=(n, image_size, image_size, 3))
+    with atomic_dir(out, kind=("meta.json", meta["format"], None), legacy=_old_set(meta["format"])) as tmp, \
+            contextlib.ExitStack() as stack:
+        images = open_memmap(tmp / "images.npy", np.uint8, (n, image_size, image_size, 3))
         if workers == 1:
             if initializer is not None:
                 initializer(*initargs)
@@ -78,11 +86,23 @@ def write_image_set(
         atomic_write_text(tmp / "labels.jsonl", "".join(json.dumps(lab) + "\n" for lab in labels))
         if on_done is not None:
             on_done(tmp, labels)
-        atomic_write_json(tmp / "meta.json", {
-            **meta, "sha256": {"images.npy": sha256_file(tmp / "images.npy"),
-                               "labels.jsonl": sha256_file(tmp / "labels.jsonl")},
+        files = ("images.npy", "labels.jsonl")
+        atomic_write_json(tmp / "meta.json", {  # last: the marker
+            **meta, "sha256": {f: sha256_file(tmp / f) for f in files}, "fast": {f: fast_hash_file(tmp / f) for f in files},
         })
     return out
+
+
+def _old_set(fmt: str) -> Callable[[Path], bool]:
+    """Recognises a set of this format written by a vlctl before meta.json named it (MAD's only)."""
+    def old(path: Path) -> bool:
+        try:
+            meta = read_json(path / "meta.json")
+        except VlctlError:
+            return False
+        return fmt == "vlctl-mad" and isinstance(meta, dict) and "format" not in meta and "sha256" in meta
+
+    return old
 
 
 def open_image_set_files(path: Path, meta: dict) -> tuple[np.ndarray, Path]:
@@ -103,10 +123,14 @@ def open_image_set_files(path: Path, meta: dict) -> tuple[np.ndarray, Path]:
 
 
 def check_image_set(path: Path, meta: dict, images: np.ndarray, labels: list, verify: bool) -> None:
-    """Counts agree (images, labels, meta's n); with `verify`, both files hash to meta's sha256."""
+    """Counts agree (images, labels, meta's n), both files have the fast hash meta.json records (if
+    it does); with `verify`, both hash to meta's sha256."""
     if not len(images) == len(labels) == meta["n"]:
         raise VlctlError(f"{path}: count mismatch: {len(images)} images in images.npy, {len(labels)} labels in "
                          f"labels.jsonl, n={meta['n']} in meta.json")
+    fast = meta.get("fast") if isinstance(meta.get("fast"), dict) else {}
+    for f in (path / "images.npy", path / "labels.jsonl"):
+        check_content(f, fast.get(f.name), meta["sha256"].get(f.name), path / "meta.json")
     if verify:
         for f in (path / "images.npy", path / "labels.jsonl"):
             if sha256_file(f) != meta["sha256"].get(f.name):
@@ -143,15 +167,17 @@ def write_pngs(directory: Path, images: np.ndarray, labels: list[dict]) -> None:
 
 def read_labels(label_file: Path, check_label: Callable[[dict, str], None]) -> list[dict]:
     """labels.jsonl, one JSON object a line, each passed to `check_label(label, where)`."""
+    from vlctl.io import read_text_utf8
+
     labels = []
-    with open(label_file, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            try:
-                label = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise VlctlError(f"{label_file}: line {lineno}: corrupt JSON ({e})") from None
-            check_label(label, f"{label_file}: line {lineno}")
-            labels.append(label)
+    lines = read_text_utf8(label_file, "labels file").split("\n")  # not UTF-8: an error naming the byte
+    for lineno, line in enumerate(lines[:-1] if lines[-1] == "" else lines, 1):
+        try:
+            label = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise VlctlError(f"{label_file}: line {lineno}: corrupt JSON ({e})") from None
+        check_label(label, f"{label_file}: line {lineno}")
+        labels.append(label)
     return labels
 
 
@@ -165,6 +191,8 @@ def load_image_set(path: str | Path, verify: bool, checkers: Mapping[str, Callab
     the images).
     """
     path = Path(path)
+    if not path.is_dir():
+        recover_dir(path)  # a rewrite killed between its two renames
     if not path.is_dir():
         raise VlctlError(f"{path}: MAD directory not found")
     meta = read_json(path / "meta.json", "MAD meta.json")

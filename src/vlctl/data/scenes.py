@@ -57,7 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlctl.config import config_to_dict, opt
+from vlctl.config import config_to_dict, opt, validate_config
 from vlctl.data.imageset import (
     check_image_set,
     check_set_config,
@@ -67,7 +67,7 @@ from vlctl.data.imageset import (
     write_pngs,
 )
 from vlctl.data.shapes import in_polygon  # the shapes set draws its polygons with the same test
-from vlctl.io import VlctlError, atomic_write_json, read_json, sha256_json
+from vlctl.io import VlctlError, atomic_write_json, read_json, recover_dir, sha256_json
 
 SHAPES = ("circle", "square", "triangle", "star", "cross")
 COLORS: dict[str, tuple[int, int, int]] = {
@@ -119,18 +119,20 @@ def tokenizer_vocabulary() -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class ScenesConfig:
-    n: int = opt(10000, "number of images")
-    seed: int = opt(0, "random seed (>= 0); image i depends only on (seed, split, i)")
-    split: str = opt("train", "'train', 'finetune' or 'test' (configurations are disjoint across splits)")
-    image_size: int = opt(32, "output image side in pixels (>= 24)")
-    p_three: float = opt(0.4, "probability that a scene has 3 objects (else 2)")
-    workers: int = opt(2, "worker processes (the output does not depend on it)")
+    n: int = opt(10000, "number of images", ge=1, le=10**7)
+    seed: int = opt(0, "random seed (>= 0); image i depends only on (seed, split, i)", ge=0, le=2**32 - 1)
+    split: str = opt("train", "'train', 'finetune' or 'test' (configurations are disjoint across splits)",
+                     choices=SPLITS)
+    image_size: int = opt(32, "output image side in pixels (>= 24)", ge=24, le=1024)
+    p_three: float = opt(0.4, "probability that a scene has 3 objects (else 2)", ge=0, le=1)
+    workers: int = opt(2, "worker processes (the output does not depend on it)", ge=1, le=256)
     write_png: bool = opt(False, "also write images/<filename>.png (always on for the test split's checklist)")
 
     def __post_init__(self):
         check_set_config(self, SPLITS, 24)
         if not 0 <= self.p_three <= 1:
             raise VlctlError(f"ScenesConfig.p_three: must be in [0, 1], got {self.p_three}")
+        validate_config(self)  # then every field in its declared range (the opt() above)
 
 
 # --- scene keys and splits ---------------------------------------------------------------------
@@ -436,6 +438,8 @@ def load_scenes(path: str | Path, verify: bool = False) -> dict:
     corrupt label line, counts that disagree; `verify` re-hashes the files against meta.json."""
 
     path = Path(path)
+    if not path.is_dir():
+        recover_dir(path)  # a rewrite killed between its two renames
     if not path.is_dir():
         raise VlctlError(f"{path}: scenes directory not found (vlctl data scenes)")
     meta = read_json(path / "meta.json", "scenes meta.json")

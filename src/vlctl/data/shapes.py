@@ -1,7 +1,7 @@
 """Shapes: a Clevr-4-like benchmark drawn procedurally in 2D, fast enough to render on a CPU.
 
 Clevr-4 (Vaze et al. 2023) gives every image four independent taxonomies of 10 classes each;
-ControlEmbed (METHODS.md §2) evaluates attribute-aware retrieval and multi-clustering on it. We
+ControlEmbed (docs/methods.md §2) evaluates attribute-aware retrieval and multi-clustering on it. We
 keep Clevr-4's taxonomies and class names exactly and draw the scene in 2D instead of ray tracing:
 
 - color: CLEVR's RGB values (gray, red, blue, green, brown, purple, cyan, yellow) plus Clevr-4's
@@ -55,12 +55,13 @@ from pathlib import Path
 
 import numpy as np
 
-from vlctl.config import config_to_dict, opt
+from vlctl.config import config_to_dict, opt, validate_config
 from vlctl.data.imageset import check_set_config, load_image_set, write_image_set, write_pngs
 from vlctl.io import (
     VlctlError,
     atomic_write_json,
     read_json,
+    recover_dir,
 )
 
 CATEGORIES = ("color", "texture", "count", "shape")
@@ -94,15 +95,17 @@ OBJECT_DIAMETER = (0.17, 0.23)  # range of an object's diameter as a fraction of
 
 @dataclasses.dataclass(frozen=True)
 class ShapesConfig:
-    n: int = opt(10000, "number of images")
-    seed: int = opt(0, "random seed (>= 0); image i depends only on (seed, split, i)")
-    split: str = opt("train", "'train' or 'test': recorded in the labels and part of every image's seed")
-    image_size: int = opt(64, "output image side in pixels (>= 16)")
+    n: int = opt(10000, "number of images", ge=1, le=10**7)
+    seed: int = opt(0, "random seed (>= 0); image i depends only on (seed, split, i)", ge=0, le=2**32 - 1)
+    split: str = opt("train", "'train' or 'test': recorded in the labels and part of every image's seed",
+                     choices=SPLITS)
+    image_size: int = opt(64, "output image side in pixels (>= 16)", ge=16, le=1024)
     caption_probs: tuple[float, ...] = opt(
         (0.9, 0.5, 0.5, 0.75),
         "probability that a caption names each attribute, in the order color, texture, count, shape",
+        ge=0, le=1, length=4,
     )
-    workers: int = opt(2, "worker processes (the output does not depend on it)")
+    workers: int = opt(2, "worker processes (the output does not depend on it)", ge=1, le=256)
     write_png: bool = opt(False, "also write images/<filename>.png (what a Clevr-4 folder loader reads)")
 
     def __post_init__(self):
@@ -112,6 +115,7 @@ class ShapesConfig:
             raise VlctlError(f"ShapesConfig.caption_probs: expected {len(CATEGORIES)} probabilities in [0, 1] "
                              f"(order {list(CATEGORIES)}), got {list(self.caption_probs)}")
         object.__setattr__(self, "caption_probs", probs)
+        validate_config(self)  # then every field in its declared range (the opt() above)
 
 
 # --- silhouettes: functions of object coordinates (u down, v right), object within [-1, 1]^2 ---
@@ -378,6 +382,8 @@ def load_shapes(path: str | Path, verify: bool = False) -> dict:
     Same checks as `vlctl.data.mad.load_mad` (which reads this format too; both are
     `vlctl.data.imageset.load_image_set`); refuses a directory of another format.
     """
+    if not Path(path).is_dir():
+        recover_dir(path)  # a rewrite killed between its two renames
     meta = read_json(Path(path) / "meta.json", "shapes meta.json") if Path(path).is_dir() else None
     if meta is not None and (not isinstance(meta, dict) or meta.get("format") != FORMAT):
         found = meta.get("format") if isinstance(meta, dict) else None

@@ -2,13 +2,19 @@
 
 Adding is incremental: images the store already holds (by path, or by id for in-memory images)
 are skipped, so re-running `vlctl embed` on a folder that grew embeds only the new files.
+
+A run holds the store's lock (`vlctl.io.locked`) from opening it to its commit: a second run into
+the same store waits for the first (saying so), then reads the store as the first left it and adds
+only what is still missing, so concurrent runs lose no row and add none twice. A first add that
+fails (a bad index config, an interrupt) leaves no empty store behind to fix its config.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +22,24 @@ import numpy as np
 import torch
 
 from vlctl.embeddings.extract import ExtractConfig, embed_image_array, embed_image_files, embed_text_list
-from vlctl.embeddings.store import IndexConfig, Store, open_or_create_store
-from vlctl.io import VlctlError
+from vlctl.embeddings.store import IndexConfig, Store, discard_if_empty, open_or_create_store
+from vlctl.embeddings.table import MANIFEST
+from vlctl.io import VlctlError, fsync, locked, replace
+
+
+@contextlib.contextmanager
+def writing(out: str | os.PathLike, wait: bool | None = None) -> Iterator[None]:
+    """Hold the lock of the store at `out` for the block (`wait`: as `vlctl.io.locked`); if the
+    block created the store and fails, remove it again (nothing was added: it would only fix the
+    failed run's encoder and config)."""
+    with locked(out, wait=wait):
+        created = not (Path(out) / MANIFEST).is_file()
+        try:
+            yield
+        except BaseException:
+            if created:
+                discard_if_empty(out)
+            raise
 
 
 def embed_source(
@@ -38,7 +60,11 @@ def embed_source(
     if source.array is None:
         return index_images(encoder, source.files, out, source.fields, index_config, extract, encoder_spec,
                             progress, ids=source.ids, captions=source.captions)
-    extract = extract or ExtractConfig()
+    with writing(out):
+        return _embed_array(encoder, source, out, index_config, extract or ExtractConfig(), encoder_spec, progress)
+
+
+def _embed_array(encoder, source, out, index_config, extract, encoder_spec, progress) -> tuple[Store, dict]:
     info = {"data_id": source.data_id, "source": str(Path(source.name).resolve())}
     store = open_or_create_store(out, encoder.id, int(encoder.embed_dim), index_config, encoder_spec, info=info)
     report = {"added": 0, "already_present": 0, "failed": 0, "failures": [], "captions": 0}
@@ -93,7 +119,7 @@ def index_images(
         VlctlError: an existing gallery of another encoder or index config, an encoder that does
         not produce `embed_dim` columns.
     """
-    from vlctl.train.distributed import all_gather_object, is_distributed
+    from vlctl.train.distributed import is_distributed
 
     rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if is_distributed() else (0, 1)
     if ids is None:
@@ -102,6 +128,16 @@ def index_images(
     for name, rows_ in (("metadata", metadata), ("ids", ids), ("captions", captions)):
         if rows_ is not None and len(rows_) != len(paths):
             raise VlctlError(f"index_images: {len(paths)} images but {len(rows_)} {name} rows")
+
+    # Rank 0 alone writes. Under torchrun it waits for the lock even with --no-wait: failing alone,
+    # before its verdict (below), would leave the other ranks waiting for it forever.
+    with writing(out, wait=True if world > 1 else None) if rank == 0 else contextlib.nullcontext():
+        return _index(encoder, paths, ids, out, metadata, index_config, extract, encoder_spec, progress, captions,
+                      rank, world)
+
+
+def _index(encoder, paths, ids, out, metadata, index_config, extract, encoder_spec, progress, captions, rank, world):
+    from vlctl.train.distributed import all_gather_object
 
     # Rank 0 opens the gallery; its verdict (or error) reaches every rank, so none waits forever
     # in a collective after another has failed.
@@ -131,7 +167,8 @@ def index_images(
         tmp = part.with_name(part.name + ".tmp")
         with open(tmp, "wb") as f:
             np.save(f, embeddings)
-        os.replace(tmp, part)
+            fsync(f)
+        replace(tmp, part)
         parts = all_gather_object({"rows": rows, "failures": failures, "file": str(part), "seconds": seconds})
         if rank != 0:
             return None, {"rank": rank, "embedded": len(rows), "failed": len(failures)}

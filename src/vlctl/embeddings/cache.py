@@ -8,7 +8,9 @@ Embedding a dataset is the expensive step of every evaluation and method fit, so
                        sha256 of the texts
 
 The store is built under a temporary name and renamed into place (`atomic_dir`), so an
-interrupted run leaves no half-written entry that a later run would mistake for a hit.
+interrupted run leaves no half-written entry that a later run would mistake for a hit; the next
+`embed` into the root removes the temporary entries of killed runs. Computing an entry holds its
+lock (`.KEY.lock` in the root): a second process asking for the same key waits, then finds the hit.
 """
 
 from __future__ import annotations
@@ -22,9 +24,20 @@ from typing import Any
 import numpy as np
 
 from vlctl.embeddings.extract import check_image_array, embed_image_array, embed_text_list
+from vlctl.embeddings.manifest import FORMAT
 from vlctl.embeddings.search import IndexConfig
 from vlctl.embeddings.store import Store, create_store, open_store
-from vlctl.io import VlctlError, atomic_dir, read_json, sha256_json
+from vlctl.embeddings.table import MANIFEST
+from vlctl.io import (
+    ContentChangedError,
+    VlctlError,
+    atomic_dir,
+    clean_dead_temps,
+    locked,
+    open_memmap,
+    read_json,
+    sha256_json,
+)
 
 __all__ = ["EmbeddingCache", "cache_key", "convert_cache", "embed", "open_cache"]
 
@@ -55,8 +68,13 @@ def open_cache(path: str | os.PathLike, encoder_id: str | None = None) -> Store:
     missing = [k for k in _INFO if k not in store.info]
     if missing:
         raise VlctlError(f"{store.path / 'manifest.json'}: not an embedding cache entry (info lacks {missing})")
-    if store.texts is not None and sha256_json(store.texts) != store.info["texts_sha256"]:
-        raise VlctlError(f"{store.path}: the stored texts do not match info.texts_sha256 in manifest.json")
+    mismatch = f"{store.path}: the stored texts do not match info.texts_sha256 in manifest.json"
+    try:
+        texts = store.texts
+    except ContentChangedError as e:
+        raise VlctlError(f"{mismatch} ({e})") from None
+    if texts is not None and sha256_json(texts) != store.info["texts_sha256"]:
+        raise VlctlError(mismatch)
     return store
 
 
@@ -120,16 +138,33 @@ def embed(
     key = cache_key(encoder.id, data_id, preprocess_id)
     final = Path(root) / key
     texts_sha = sha256_json(texts) if texts is not None else None
+    clean_dead_temps(root)  # entries half-built by killed runs
 
-    old = None
-    if final.exists():  # a directory that is no valid entry is refused by open_cache, not overwritten
-        old = open_cache(final, encoder_id=encoder.id)
-        _check_same_data(old, n_images, texts_sha, data_id)
-        need_images = n_images is not None and old.image_emb is None
-        need_texts = texts is not None and old.text_emb is None
-        if not need_images and not need_texts:
-            old.hit = True
-            return old
+    hit = _hit(final, encoder, n_images, texts, texts_sha, data_id)
+    if hit is not None:
+        return hit
+    with locked(final):
+        # Another process may have computed it while this one waited for the lock.
+        return _hit(final, encoder, n_images, texts, texts_sha, data_id) or _compute(
+            encoder, images, texts, n_images, texts_sha, final, data_id, preprocess_id, key, batch_size, progress)
+
+
+def _hit(final: Path, encoder: Any, n_images: int | None, texts: list | None, texts_sha: str | None,
+         data_id: str) -> Store | None:
+    """The entry at `final` if it holds everything asked for, else None."""
+    if not final.exists():  # a directory that is no valid entry is refused by open_cache, not overwritten
+        return None
+    old = open_cache(final, encoder_id=encoder.id)
+    _check_same_data(old, n_images, texts_sha, data_id)
+    if (n_images is None or old.image_emb is not None) and (texts is None or old.text_emb is not None):
+        old.hit = True
+        return old
+    return None
+
+
+def _compute(encoder, images, texts, n_images, texts_sha, final, data_id, preprocess_id, key, batch_size,
+             progress) -> Store:
+    old = open_cache(final, encoder_id=encoder.id) if final.exists() else None
 
     dim = int(encoder.embed_dim)
     # Reuse what an existing entry already holds; compute the rest.
@@ -141,7 +176,7 @@ def embed(
 
     info = {"data_id": data_id, "preprocess_id": preprocess_id, "key": key, "n_images": n_images,
             "n_texts": len(texts) if texts is not None else None, "texts_sha256": texts_sha}
-    with atomic_dir(final) as tmp:
+    with atomic_dir(final, kind=(MANIFEST, FORMAT, None)) as tmp:
         store = create_store(tmp, encoder.id, dim, IndexConfig(kind="none"),
                              encoder_spec=getattr(encoder, "spec", None), info=info)
         # Texts first: they are cheap, and a bad caption (over-long for the tokenizer) should
@@ -151,15 +186,13 @@ def embed(
             if old is not None and old.text_emb is not None:
                 text_emb = old.text_emb
             else:
-                text_emb = np.lib.format.open_memmap(tmp / _TMP_TEXTS, mode="w+", dtype=np.float32,
-                                                     shape=(len(texts), dim))
+                text_emb = open_memmap(tmp / _TMP_TEXTS, np.float32, (len(texts), dim))
                 embed_text_list(encoder, texts, text_emb, batch_size, progress)
         if n_images is not None:
             if old is not None and old.image_emb is not None:
                 image_emb = old.image_emb
             else:
-                image_emb = np.lib.format.open_memmap(tmp / _TMP_IMAGES, mode="w+", dtype=np.float32,
-                                                      shape=(n_images, dim))
+                image_emb = open_memmap(tmp / _TMP_IMAGES, np.float32, (n_images, dim))
                 embed_image_array(encoder, images, n_images, image_emb, batch_size, progress)
         store.add(image_emb, None if image_emb is None else [{}] * n_images, texts=text_emb,
                   text_metadata=None if texts is None else [{"text": t} for t in texts], normalized=True)
@@ -207,7 +240,7 @@ def convert_cache(old: str | os.PathLike, new: str | os.PathLike) -> Store:
     image_emb, text_emb = load("image_emb.npy", meta["n_images"]), load("text_emb.npy", meta["n_texts"])
     texts = read_json(old / "texts.json", "embedding cache texts") if text_emb is not None else None
     info = {k: meta.get(k) for k in _INFO} | {"texts_sha256": sha256_json(texts) if texts is not None else None}
-    with atomic_dir(new, overwrite=False) as tmp:
+    with atomic_dir(new, exist_ok=False) as tmp:
         store = create_store(tmp, meta["encoder_id"], int(meta["dim"]), IndexConfig(kind="none"), info=info)
         store.add(image_emb, None if image_emb is None else [{}] * len(image_emb), texts=text_emb,
                   text_metadata=None if texts is None else [{"text": t} for t in texts], normalized=True)

@@ -21,21 +21,22 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from vlctl.config import opt
+from vlctl.config import opt, validate_config
 from vlctl.images import DEFAULT_MAX_PIXELS, ImageDecodeError, read_image
 from vlctl.io import VlctlError
+from vlctl.progress import progress_bar
 
 
 @dataclasses.dataclass(frozen=True)
 class ExtractConfig:
     """How images are decoded and embedded."""
 
-    batch_size: int = opt(64, "images per forward pass")
-    workers: int = opt(0, "DataLoader worker processes decoding images (0 = decode in the main process)")
+    batch_size: int = opt(64, "images per forward pass", ge=1, le=4096)
+    workers: int = opt(0, "DataLoader worker processes decoding images (0 = decode in the main process)", ge=0, le=256)
     max_pixels: int = opt(
-        DEFAULT_MAX_PIXELS, "refuse images with more pixels than this (decompression bombs; PIL's limit)"
+        DEFAULT_MAX_PIXELS, "refuse images with more pixels than this (decompression bombs; PIL's limit)",
+        ge=1, le=2**30,
     )
 
     def __post_init__(self) -> None:
@@ -44,6 +45,7 @@ class ExtractConfig:
                 raise VlctlError(f"ExtractConfig.{f} must be a positive integer, got {getattr(self, f)!r}")
         if not isinstance(self.workers, int) or self.workers < 0:
             raise VlctlError(f"ExtractConfig.workers must be >= 0, got {self.workers!r}")
+        validate_config(self)  # then every field in its declared range (the opt() above)
 
 
 def _preprocess_fn(encoder: Any):
@@ -164,7 +166,7 @@ def _preprocess_batch(encoder: Any, batch: np.ndarray) -> torch.Tensor:
 def embed_text_list(encoder: Any, texts: list[str], out: np.ndarray, batch_size: int, progress: bool) -> None:
     """Embed `texts` in batches into `out` (len(texts), dim), L2-normalised, in input order."""
     device, dim = _device_of(encoder), out.shape[1]
-    with tqdm(total=len(texts), desc="embed texts", unit="text", disable=not progress) as bar:
+    with progress_bar(total=len(texts), desc="embed texts", unit="text", disable=not progress) as bar:
         for i in range(0, len(texts), batch_size):
             batch = texts[i : i + batch_size]
             # The tokenizer's VlctlError (e.g. a caption over the context length) passes through.
@@ -179,7 +181,7 @@ def embed_image_array(encoder: Any, images: Any, n: int, out: np.ndarray, batch_
     """Embed an (n, H, W, 3) uint8 array-like (a memmap is read `batch_size` rows at a time) into
     `out` (n, dim), L2-normalised, with the encoder's batched or per-image preprocessing."""
     device, dim = _device_of(encoder), out.shape[1]
-    with tqdm(total=n, desc="embed images", unit="img", disable=not progress) as bar:
+    with progress_bar(total=n, desc="embed images", unit="img", disable=not progress) as bar:
         for i in range(0, n, batch_size):
             # Slicing a memmap reads only these rows, so a dataset larger than memory is fine.
             # The copy gives preprocessing a writable in-memory batch (torch.from_numpy warns on
@@ -220,7 +222,7 @@ def embed_image_files(
     out = np.empty((len(dataset), dim), dtype=np.float32)
     got = np.zeros(len(dataset), dtype=bool)
     failures: list[tuple[int, str]] = []
-    with tqdm(total=len(dataset), desc="embed images", unit="img", disable=not progress) as bar:
+    with progress_bar(total=len(dataset), desc="embed images", unit="img", disable=not progress) as bar:
         for idx, x, failed in loader:
             failures += failed
             if x is not None:

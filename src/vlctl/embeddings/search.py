@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlctl.config import opt
+from vlctl.config import opt, validate_config
 from vlctl.io import VlctlError
 
 INDEX_KINDS = ("none", "flat", "ivfpq", "hnsw")
@@ -27,19 +27,24 @@ class IndexConfig:
 
     kind: str = opt(
         "flat", "index kind: 'none' (no FAISS index; exact search in numpy), 'flat' (exact inner product), "
-        "'ivfpq' or 'hnsw' (approximate, for large stores)"
+        "'ivfpq' or 'hnsw' (approximate, for large stores)",
+        choices=INDEX_KINDS,
     )
     nlist: int = opt(
-        0, "ivfpq: number of inverted lists (coarse centroids); 0 = 4*sqrt(n) of the first add, at most n/39"
+        0, "ivfpq: number of inverted lists (coarse centroids); 0 = 4*sqrt(n) of the first add, at most n/39",
+        ge=0, le=2**24,
     )
-    pq_m: int = opt(64, "ivfpq: sub-quantisers per vector (must divide dim); codes take pq_m * pq_nbits / 8 bytes")
-    pq_nbits: int = opt(8, "ivfpq: bits per sub-quantiser code")
-    nprobe: int = opt(32, "ivfpq: inverted lists visited per query (recall vs speed)")
-    refine: int = opt(50, "ivfpq: re-score k * refine candidates exactly from the stored embeddings (1 = off)")
-    train_size: int = opt(100_000, "ivfpq: rows of the first add sampled to train the quantisers (at least 39 * nlist)")
-    hnsw_m: int = opt(32, "hnsw: graph neighbours per node")
-    ef_construction: int = opt(80, "hnsw: candidate list size while building")
-    ef_search: int = opt(64, "hnsw: candidate list size per query (recall vs speed)")
+    pq_m: int = opt(64, "ivfpq: sub-quantisers per vector (must divide dim); codes take pq_m * pq_nbits / 8 bytes",
+                    ge=1, le=4096)
+    pq_nbits: int = opt(8, "ivfpq: bits per sub-quantiser code", ge=1, le=16)
+    nprobe: int = opt(32, "ivfpq: inverted lists visited per query (recall vs speed)", ge=1, le=2**24)
+    refine: int = opt(50, "ivfpq: re-score k * refine candidates exactly from the stored embeddings (1 = off)",
+                      ge=1, le=10_000)
+    train_size: int = opt(100_000, "ivfpq: rows of the first add sampled to train the quantisers (at least 39 * nlist)",
+                          ge=1, le=10**9)
+    hnsw_m: int = opt(32, "hnsw: graph neighbours per node", ge=1, le=1024)
+    ef_construction: int = opt(80, "hnsw: candidate list size while building", ge=1, le=10**6)
+    ef_search: int = opt(64, "hnsw: candidate list size per query (recall vs speed)", ge=1, le=10**6)
 
     def __post_init__(self) -> None:
         if self.kind not in INDEX_KINDS:
@@ -49,6 +54,7 @@ class IndexConfig:
                 raise VlctlError(f"IndexConfig.{f} must be a positive integer, got {getattr(self, f)!r}")
         if not isinstance(self.nlist, int) or self.nlist < 0:
             raise VlctlError(f"IndexConfig.nlist must be >= 0 (0 = automatic), got {self.nlist!r}")
+        validate_config(self)  # then every field in its declared range (the opt() above)
 
 
 # --------------------------------------------------------------------------------------------

@@ -21,8 +21,14 @@ text rows. Row i of the store means image row i.
 Atomicity: an `add` writes its new shard files and a new index file under fresh names, then
 replaces manifest.json in one rename. Until that rename the previous manifest names only the
 previous files, so a crash at any point leaves the previous store intact; files that no manifest
-names (left by a crash) are deleted by the next successful add. One writer at a time; readers
-re-open after an add.
+names (left by a crash) are deleted by the next successful add.
+
+Writers: one at a time. Creating a store and every add hold the store's lock (`vlctl.io.locked`,
+`.NAME.lock` beside the directory); an add re-reads the manifest under the lock, so rows another
+writer added since this one opened the store are kept, its own going after them. `vlctl index` and
+`vlctl embed` hold the lock from opening the store to the commit, so a second run waits (saying
+so) and then skips the images the first one added. Readers take no lock; a reader whose index file
+was replaced by an add re-opens the store once.
 
 Search is maximum inner product over the normalised embeddings (= cosine similarity). Index kinds
 (`IndexConfig.kind`): "none" (no index file; exact search in numpy, the default of `vlctl embed`),
@@ -31,25 +37,28 @@ quantisation, trained on the first add; its top k * refine candidates are re-sco
 the stored embeddings), "hnsw" (graph over the full vectors). A `Reranker` re-scores the top
 candidates of any kind: TEVI rerank and ControlEmbed attribute queries plug in there.
 
-Checks on open are cheap (sizes, shapes, counts against the manifest); `Store.verify()` also
+Checks on open are cheap: sizes, shapes and counts against the manifest, and each file's fast hash
+(`vlctl.io.fast_hash_file`: blake2b of the whole file up to 1 MiB, of 64 sampled blocks above), so
+a shard edited or overwritten in place is refused; `Store.verify()` (`vlctl verify STORE`) also
 recomputes every sha256. A directory written by an older vlctl as a gallery
 ("vlctl.gallery/1") opens as a store without text rows.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as _dt
+import contextlib
 import functools
 import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from vlctl.config import config_from_dict, config_to_dict
+from vlctl.embeddings.manifest import FORMAT, OLD_FORMATS, is_empty, new_manifest, now, read_manifest
+from vlctl.embeddings.results import Reranker, SearchResult, exact_rerank
 from vlctl.embeddings.search import (
     INDEX_KINDS,
     IndexConfig,
@@ -57,7 +66,6 @@ from vlctl.embeddings.search import (
     new_index,
     normalise,
     set_search_params,
-    write_index,
 )
 from vlctl.embeddings.table import (
     ADD_CHUNK,
@@ -68,55 +76,31 @@ from vlctl.embeddings.table import (
     shard_record,
     write_shard,
 )
-from vlctl.io import VlctlError, atomic_write_json, atomic_write_text, read_json, sha256_file
+from vlctl.io import (
+    VlctlError,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    check_content,
+    check_file,
+    fast_hash_file,
+    locked,
+    output_policy,
+    read_json,
+    sha256_file,
+)
 
-__all__ = ["INDEX_KINDS", "IndexConfig", "Reranker", "SearchResult", "Store", "create_store", "exact_rerank",
-           "open_or_create_store", "open_store"]
+__all__ = ["FORMAT", "INDEX_KINDS", "OLD_FORMATS", "IndexConfig", "Reranker", "SearchResult", "Store", "create_store",
+           "exact_rerank", "open_or_create_store", "open_store"]
 
-FORMAT = "vlctl.store/1"
-OLD_FORMATS = ("vlctl.gallery/1",)  # galleries of vlctl 0.1: a store without text rows
-_SHARD_RE = re.compile(r"^(emb|meta|txt|txtmeta)-(\d{5})\.(npy|jsonl)$|^index-(\d+)\.faiss$")
-
-
-class Reranker(Protocol):
-    """Re-scores search candidates; higher is better.
-
-    Called as `reranker(queries, candidate_ids, gallery)` with queries (q, d) float32 (the query
-    embeddings), candidate_ids (q, c) int64 (row numbers; -1 where the index found fewer than c)
-    and the gallery (use `gallery.vectors(ids)` for embeddings, `gallery.metadata(ids)` for
-    metadata). Returns scores (q, c); -inf drops a candidate. TEVI rerank (text-conditioned
-    scores) and ControlEmbed attribute queries implement this.
-    """
-
-    def __call__(self, queries: np.ndarray, candidate_ids: np.ndarray, gallery: Store) -> np.ndarray: ...
-
-
-def exact_rerank(queries: np.ndarray, candidate_ids: np.ndarray, gallery: Store) -> np.ndarray:
-    """The exact inner product of each query with its candidates' stored embeddings: (q, c)."""
-    vecs = gallery.vectors(np.maximum(candidate_ids, 0).ravel()).reshape(*candidate_ids.shape, -1)
-    scores = np.einsum("qd,qcd->qc", queries, vecs)
-    return np.where(candidate_ids >= 0, scores, -np.inf).astype(np.float32)
+_NAMES = r"(emb|meta|txt|txtmeta)-\d{5}\.(npy|jsonl)|index-\d+\.faiss"
+_SHARD_RE = re.compile(rf"^({_NAMES})$")
+_TEMP_RE = re.compile(rf"^\.({_NAMES}|{MANIFEST.replace('.', '[.]')})(\.[a-z0-9_]{{8}})?\.tmp$")  # ours only
 
 
-@dataclasses.dataclass(frozen=True)
-class SearchResult:
-    """Top-k results of q queries: ids (q, k) int64 row numbers (-1 = no result), scores (q, k)."""
-
-    ids: np.ndarray
-    scores: np.ndarray
-
-    def hits(self, gallery: Store) -> list[list[dict]]:
-        """Per query, [{**metadata, "id", "score"}] best first (rows with id -1 left out).
-
-        "id" (the row number) and "score" are reserved: a metadata field of that name is shadowed.
-        """
-        out = []
-        for ids, scores in zip(self.ids, self.scores):
-            keep = ids >= 0
-            metas = gallery.metadata(ids[keep])
-            out.append([{**m, "id": int(i), "score": float(s)} for i, s, m in zip(ids[keep], scores[keep], metas)])
-        return out
-
+def write_index(index, path: Path) -> None:
+    """The FAISS index, serialised and written atomically (fsync, rename, a full disk as an error)."""
+    atomic_write_bytes(path, faiss_module().serialize_index(index).tobytes())
 
 
 class Store:
@@ -132,7 +116,7 @@ class Store:
         is for the writers, which hold the manifest they just wrote."""
         path = Path(path)
         if manifest is None:
-            manifest = _read_manifest(path)
+            manifest = read_manifest(path)
         self.path = path
         self.manifest = manifest
         self.config = config_from_dict(IndexConfig, manifest["index"]["config"], source=str(path / MANIFEST))
@@ -245,14 +229,15 @@ class Store:
             if name is None:
                 return None
             file = self.path / name
-            if not file.is_file():
-                raise VlctlError(f"{file}: FAISS index named in {self.path / MANIFEST} is missing")
-            if file.stat().st_size != self.manifest["index"]["bytes"]:
-                raise VlctlError(f"{file}: size differs from {self.path / MANIFEST} (truncated or overwritten)")
             try:
-                index = faiss_module().read_index(str(file))
-            except RuntimeError as e:
-                raise VlctlError(f"{file}: cannot read FAISS index ({str(e).splitlines()[0]})") from None
+                index = self._read_index(file)
+            except (VlctlError, OSError):
+                if read_manifest(self.path)["generation"] == self.manifest["generation"]:
+                    raise
+                # An add committed since this store was opened and removed its index file (maybe
+                # while it was being read): re-open the store as it is now.
+                self.__init__(self.path)
+                return self.index
             if index.ntotal != len(self) or index.d != self.dim:
                 raise VlctlError(
                     f"{file}: index holds {index.ntotal} x {index.d}, manifest says {len(self)} x {self.dim}"
@@ -261,13 +246,30 @@ class Store:
             self._index = index
         return self._index
 
-    def verify(self) -> None:
-        """Recompute every file's sha256 and compare with the manifest (reads everything)."""
-        self.images_table.verify()
-        self.texts_table.verify()
+    def _read_index(self, file: Path):
+        record = self.manifest["index"]
+        check_file(file, record["bytes"], self.path / MANIFEST, "FAISS index")
+        check_content(file, record.get("fast"), record.get("sha256"), self.path / MANIFEST)
+        try:
+            return faiss_module().read_index(str(file))
+        except RuntimeError as e:
+            raise VlctlError(f"{file}: cannot read FAISS index ({str(e).splitlines()[0]})") from None
+
+    def verify(self) -> dict:
+        """Recompute every file's sha256 and compare with the manifest (reads everything); check
+        every metadata row is there. Returns {"files": checked, "bytes": read}."""
+        files, size = 0, 0
+        for table in (self.images_table, self.texts_table):
+            f, b = table.verify()
+            files, size = files + f, size + b
         idx = self.manifest["index"]
-        if idx["file"] is not None and sha256_file(self.path / idx["file"]) != idx["sha256"]:
-            raise VlctlError(f"{self.path / idx['file']}: sha256 differs from {self.path / MANIFEST}")
+        if idx["file"] is not None:
+            file = self.path / idx["file"]
+            check_file(file, idx["bytes"], self.path / MANIFEST, "FAISS index")
+            if sha256_file(file) != idx["sha256"]:
+                raise VlctlError(f"{file}: sha256 differs from {self.path / MANIFEST}")
+            files, size = files + 1, size + file.stat().st_size
+        return {"files": files, "bytes": size}
 
     # -- search -------------------------------------------------------------------------------
     def _exact_search(self, q: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -374,11 +376,21 @@ class Store:
             normalized: the rows come L2-normalised from the encoder: stored as given (checked
                 finite and non-zero), so the store holds exactly the encoder's output.
 
+        Under the store's lock; when another writer has added since this store was opened, the
+        add goes after its rows (row numbers in `text_metadata` are the caller's: hold
+        `vlctl.io.locked(store.path)` from opening to adding to be sure of them).
+
         Raises:
             VlctlError: another encoder, another dim, a metadata count that differs from the rows,
             non-serialisable metadata, a text row without "text", an ivfpq first add too small to
             train on.
         """
+        with locked(self.path):
+            disk = read_manifest(self.path)
+            store = self if disk["generation"] == self.manifest["generation"] else Store(self.path, disk)
+            return store._add(embeddings, metadata, encoder_id, texts, text_metadata, normalized)
+
+    def _add(self, embeddings, metadata, encoder_id, texts, text_metadata, normalized) -> Store:
         if encoder_id is not None:
             self.check_encoder(encoder_id)
         x = check_rows(embeddings if embeddings is not None else np.zeros((0, self.dim), np.float32),
@@ -428,6 +440,7 @@ class Store:
                         "file": index_name,
                         "bytes": (self.path / index_name).stat().st_size,
                         "sha256": sha256_file(self.path / index_name),
+                        "fast": fast_hash_file(self.path / index_name),
                         "faiss_type": type(index).__name__,
                     }
             if m:
@@ -446,7 +459,7 @@ class Store:
         # the manifest, in one rename: from here on the new store is the store
         manifest["format"] = FORMAT
         manifest["generation"] = generation
-        manifest["updated"] = _now()
+        manifest["updated"] = now()
         atomic_write_json(self.path / MANIFEST, manifest)
         new = Store(self.path, manifest)
         new._index = index
@@ -459,14 +472,8 @@ class Store:
         for s in [*self.manifest["shards"], *self.manifest.get("texts", {}).get("shards", [])]:
             named |= {s["embeddings"], s["metadata"]}
         for f in self.path.iterdir():
-            if (_SHARD_RE.match(f.name) and f.name not in named) or (
-                f.name.startswith(".") and f.name.endswith(".tmp")
-            ):
+            if (_SHARD_RE.match(f.name) and f.name not in named) or _TEMP_RE.match(f.name):
                 f.unlink(missing_ok=True)
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def create_store(
@@ -477,11 +484,13 @@ def create_store(
     encoder_spec: str | None = None,
     info: dict | None = None,
 ) -> Store:
-    """Create an empty store directory (refuses a non-empty existing directory).
+    """Create an empty store directory (refuses a non-empty existing directory, unless the output
+    policy says --overwrite: then the store's files go beside the others, which are kept).
 
-    `encoder_spec` (e.g. "open_clip:ViT-B-32/laion2b_s34b_b79k") is recorded so `vlctl search`
-    can rebuild the encoder; the encoder id still decides compatibility. `info` is what the
-    writer knows about the source (data id, preprocessing, ...), kept in the manifest.
+    `encoder_spec` (e.g. "open_clip:ViT-B-32/laion2b_s34b_b79k") is recorded, local paths made
+    absolute, so `vlctl search` can rebuild the encoder; the encoder id still decides
+    compatibility. `info` is what the writer knows about the source (data id, preprocessing, ...),
+    kept in the manifest.
     """
     path = Path(path)
     config = config or IndexConfig()
@@ -489,80 +498,34 @@ def create_store(
         raise VlctlError(f"create_store: dim must be a positive integer, got {dim!r}")
     if not isinstance(encoder_id, str) or not encoder_id:
         raise VlctlError(f"create_store: encoder_id must be a non-empty string, got {encoder_id!r}")
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise VlctlError(
-            f"{path}: already exists and is not an empty directory; open it with open_store "
-            "to add to it, or choose another path"
-        )
-    path.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path / MANIFEST, _new_manifest(encoder_id, dim, config, encoder_spec, info))
-    return Store(path, read_json(path / MANIFEST))
-
-
-def _new_manifest(encoder_id: str, dim: int, config: IndexConfig, encoder_spec: str | None, info: dict | None) -> dict:
-    return {
-        "format": FORMAT,
-        "encoder_id": encoder_id,
-        "encoder_spec": encoder_spec,
-        "dim": dim,
-        "count": 0,
-        "generation": 0,
-        "shards": [],
-        "texts": {"count": 0, "shards": []},
-        "index": {"config": config_to_dict(config), "file": None, "bytes": 0, "sha256": None, "faiss_type": None},
-        "info": dict(info or {}),
-        "created": _now(),
-        "updated": _now(),
-    }
-
-
-_REQUIRED = ("format", "encoder_id", "dim", "count", "generation", "shards", "index")
-_OLD_CACHE = "meta.json"  # the per-key embedding cache of vlctl 0.1 (image_emb.npy, text_emb.npy)
+    with locked(path):
+        among = path.is_dir() and output_policy().overwrite and not (path / MANIFEST).exists()
+        if path.exists() and (not path.is_dir() or any(path.iterdir())) and not among:
+            raise VlctlError(
+                f"{path}: already exists and is not an empty directory; open it with open_store "
+                "to add to it, or choose another path (--overwrite: create the store among its files)"
+            )
+        path.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path / MANIFEST, new_manifest(encoder_id, dim, config, encoder_spec, info))
+        return Store(path, read_json(path / MANIFEST))
 
 
 def open_store(path: str | os.PathLike, encoder_id: str | None = None) -> Store:
     """Open and check a store directory.
 
     Checks (cheap, no full read): the manifest exists and is complete, every shard exists with the
-    recorded size and shape, the counts add up. `Store.verify()` also checks the sha256 hashes.
+    recorded size, shape and fast hash, the counts add up. `Store.verify()` also checks the sha256
+    hashes.
 
     Raises:
-        VlctlError naming the file: a missing directory or manifest, a corrupt manifest, a missing
-        or truncated shard, a store built with another encoder than `encoder_id`, an embedding
-        cache of vlctl 0.1 (with how to convert it).
+        VlctlError naming the file: a missing directory or manifest, a corrupt manifest, a missing,
+        truncated or changed shard, a store built with another encoder than `encoder_id`, an
+        embedding cache of vlctl 0.1 (with how to convert it).
     """
     store = Store(path)
     if encoder_id is not None:
         store.check_encoder(encoder_id)
     return store
-
-
-def _read_manifest(path: Path) -> dict:
-    """The checked manifest of the store at `path` (see `open_store` for what is checked)."""
-    if not path.is_dir():
-        raise VlctlError(f"{path}: store directory not found")
-    if not (path / MANIFEST).is_file():
-        if (path / _OLD_CACHE).is_file() and (path / "image_emb.npy").exists() | (path / "text_emb.npy").exists():
-            raise VlctlError(
-                f"{path}: an embedding cache of vlctl 0.1, not a store; convert it with "
-                f"`python -m vlctl.embeddings.cache convert {path} NEW_STORE` (or embed the data again with `vlctl embed`)"
-            )
-        raise VlctlError(
-            f"{path / MANIFEST}: store manifest not found (not a vlctl store, or its manifest "
-            "was deleted; rebuild it with `vlctl embed` or `vlctl index`)"
-        )
-    manifest = read_json(path / MANIFEST, "store manifest")
-    if not isinstance(manifest, dict) or any(k not in manifest for k in _REQUIRED):
-        missing = [k for k in _REQUIRED if not isinstance(manifest, dict) or k not in manifest]
-        raise VlctlError(f"{path / MANIFEST}: corrupt store manifest, missing field(s) {missing}")
-    if manifest["format"] != FORMAT and manifest["format"] not in OLD_FORMATS:
-        raise VlctlError(f"{path / MANIFEST}: format {manifest['format']!r}, this vlctl reads {FORMAT!r}")
-    if sum(s["rows"] for s in manifest["shards"]) != manifest["count"]:
-        raise VlctlError(f"{path / MANIFEST}: shard rows do not add up to count={manifest['count']}")
-    texts = manifest.get("texts", {"count": 0, "shards": []})
-    if sum(s["rows"] for s in texts["shards"]) != texts["count"]:
-        raise VlctlError(f"{path / MANIFEST}: text shard rows do not add up to texts.count={texts['count']}")
-    return manifest
 
 
 def open_or_create_store(
@@ -573,17 +536,36 @@ def open_or_create_store(
     encoder_spec: str | None = None,
     info: dict | None = None,
 ) -> Store:
-    """Open the store at `path` for adding (same encoder required), or create it if absent/empty."""
+    """Open the store at `path` for adding (same encoder required), or create it if absent/empty.
+
+    A store that holds nothing yet (its first add failed, e.g. on a bad ivfpq config) fixes
+    nothing: it is re-created with this encoder and config."""
     path = Path(path)
-    if path.is_dir() and (path / MANIFEST).is_file():
-        store = open_store(path, encoder_id=encoder_id)
-        if config is not None and config != store.config:
-            raise VlctlError(
-                f"{path / MANIFEST}: store uses index {config_to_dict(store.config)}, "
-                f"not the requested {config_to_dict(config)}"
-            )
-        return store
-    return create_store(path, encoder_id, dim, config, encoder_spec=encoder_spec, info=info)
+    with locked(path):
+        if path.is_dir() and (path / MANIFEST).is_file():
+            store = open_store(path)
+            if is_empty(store.manifest):
+                atomic_write_json(path / MANIFEST, new_manifest(encoder_id, dim, config or store.config, encoder_spec,
+                                                                info))
+                return open_store(path)
+            store.check_encoder(encoder_id)
+            if config is not None and config != store.config:
+                raise VlctlError(
+                    f"{path / MANIFEST}: store uses index {config_to_dict(store.config)}, "
+                    f"not the requested {config_to_dict(config)}"
+                )
+            return store
+        return create_store(path, encoder_id, dim, config, encoder_spec=encoder_spec, info=info)
+
+
+def discard_if_empty(path: str | os.PathLike) -> None:
+    """Remove the store at `path` if nothing was ever added to it (its manifest; the directory too
+    when that leaves it empty): what a first add that failed leaves behind."""
+    path = Path(path)
+    with locked(path), contextlib.suppress(VlctlError, OSError):
+        if is_empty(read_manifest(path)):
+            (path / MANIFEST).unlink()
+            path.rmdir()
 
 
 # The names of vlctl 0.1, where a store with a FAISS index was a "gallery".

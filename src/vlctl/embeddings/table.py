@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import mmap
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from vlctl.embeddings.search import normalise
-from vlctl.io import VlctlError, sha256_file
+from vlctl.io import VlctlError, check_content, check_file, fast_hash_file, fsync, open_memmap, replace, sha256_file
 
 MANIFEST = "manifest.json"
 ADD_CHUNK = 65_536  # rows normalised and indexed at a time by an add
@@ -37,14 +36,7 @@ class Table:
 
     def _open_shard(self, shard: dict) -> np.ndarray:
         file = self.path / shard["embeddings"]
-        if not file.is_file():
-            raise VlctlError(f"{file}: {self.what} shard named in {self.path / MANIFEST} is missing")
-        size = file.stat().st_size
-        if size != shard["embeddings_bytes"]:
-            raise VlctlError(
-                f"{file}: {size} bytes, but {self.path / MANIFEST} records {shard['embeddings_bytes']} "
-                "(truncated or overwritten)"
-            )
+        check_file(file, shard["embeddings_bytes"], self.path / MANIFEST, f"{self.what} shard")
         try:
             arr = np.load(file, mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError, EOFError) as e:
@@ -54,6 +46,7 @@ class Table:
                 f"{file}: array is {arr.dtype} {arr.shape}, but {self.path / MANIFEST} says float32 "
                 f"({shard['rows']}, {self.dim})"
             )
+        check_content(file, shard.get("embeddings_fast"), shard.get("embeddings_sha256"), self.path / MANIFEST)
         return arr
 
     def _check_ids(self, ids: np.ndarray) -> None:
@@ -85,8 +78,7 @@ class Table:
         if s not in self._metadata_shards:
             shard = self.shards[s]
             file = self.path / shard["metadata"]
-            if not file.is_file():
-                raise VlctlError(f"{file}: metadata shard named in {self.path / MANIFEST} is missing")
+            check_file(file, None, self.path / MANIFEST, "metadata shard")
             if file.stat().st_size == 0:
                 raise VlctlError(f"{file}: empty metadata shard, but {self.path / MANIFEST} says {shard['rows']} rows")
             with open(file, "rb") as f:
@@ -97,6 +89,7 @@ class Table:
                     f"{file}: {len(ends)} complete metadata rows, but {self.path / MANIFEST} says {shard['rows']} "
                     "(truncated or overwritten)"
                 )
+            check_content(file, shard.get("metadata_fast"), shard.get("metadata_sha256"), self.path / MANIFEST)
             self._metadata_shards[s] = (mm, np.concatenate([[0], ends]))
         return self._metadata_shards[s]
 
@@ -115,12 +108,19 @@ class Table:
                 raise VlctlError(f"{file}: corrupt metadata row {r} ({e})") from None
         return out
 
-    def verify(self) -> None:
-        for shard in self.shards:
+    def verify(self) -> tuple[int, int]:
+        """Every file's sha256 against the manifest, and every metadata row present: (files, bytes)."""
+        files, size = 0, 0
+        for s, shard in enumerate(self.shards):
             for key in ("embeddings", "metadata"):
                 file = self.path / shard[key]
+                check_file(file, shard.get("embeddings_bytes") if key == "embeddings" else None, self.path / MANIFEST,
+                           f"{self.what} {key} shard")
                 if sha256_file(file) != shard[f"{key}_sha256"]:
                     raise VlctlError(f"{file}: sha256 differs from {self.path / MANIFEST} (file changed or corrupt)")
+                files, size = files + 1, size + file.stat().st_size
+            self._metadata_shard(s)  # the rows counted
+        return files, size
 
 
 def metadata_text(metadata: Sequence[dict], what: str) -> str:
@@ -148,7 +148,7 @@ def write_shard(path: Path, name: str, x: np.ndarray, dim: int, index, what: str
     file = path / name
     tmp = file.with_name(f".{name}.tmp")
     try:
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(x), dim))
+        out = open_memmap(tmp, np.float32, (len(x), dim))  # blocks reserved: a full disk is an error, not SIGBUS
         for s in range(0, len(x), ADD_CHUNK):
             chunk = normalise(x[s : s + ADD_CHUNK], f"add ({'' if what == 'image' else what + ' '}rows {s}..{min(len(x), s + ADD_CHUNK) - 1})",
                               divide=not normalized)
@@ -158,21 +158,18 @@ def write_shard(path: Path, name: str, x: np.ndarray, dim: int, index, what: str
         out.flush()
         del out
         with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, file)
+            fsync(f)
+        replace(tmp, file)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
 def shard_record(path: Path, rows: int, emb_name: str, meta_name: str) -> dict:
-    return {
-        "rows": rows,
-        "embeddings": emb_name,
-        "embeddings_bytes": (path / emb_name).stat().st_size,
-        "embeddings_sha256": sha256_file(path / emb_name),
-        "metadata": meta_name,
-        "metadata_sha256": sha256_file(path / meta_name),
-    }
-
-
+    """A shard's manifest entry: rows, and per file its name, size, sha256 (checked by `verify`)
+    and fast hash (checked on every open, `vlctl.io.fast_hash_file`)."""
+    rec: dict[str, Any] = {"rows": rows}
+    for key, name in (("embeddings", emb_name), ("metadata", meta_name)):
+        rec |= {key: name, f"{key}_bytes": (path / name).stat().st_size, f"{key}_sha256": sha256_file(path / name),
+                f"{key}_fast": fast_hash_file(path / name)}
+    return rec

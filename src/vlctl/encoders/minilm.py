@@ -51,6 +51,22 @@ def minilm_fingerprint() -> dict:
     }
 
 
+def load_sentence_transformer():
+    """The bundled all-MiniLM-L6-v2 as a sentence-transformers model on the CPU, in eval mode."""
+    from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as hf_logging
+
+    # transformers draws a "Loading weights" bar for a local 90 MB file on every load: noise.
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        st = SentenceTransformer(str(minilm_model_dir()), device="cpu")
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+    return st.eval()
+
+
 class MiniLMText(nn.Module):
     """Frozen all-MiniLM-L6-v2 sentence embeddings (384-d, unit norm) + trainable linear map.
 
@@ -70,9 +86,7 @@ class MiniLMText(nn.Module):
 
     def backbone(self) -> nn.Module:
         if self._backbone is None:
-            from sentence_transformers import SentenceTransformer
-
-            st = SentenceTransformer(str(minilm_model_dir()), device="cpu")
+            st = load_sentence_transformer()
             st.eval()
             for p in st.parameters():
                 p.requires_grad_(False)

@@ -12,7 +12,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from vlctl.config import config_from_dict, load_config, opt
+from vlctl.config import config_from_dict, load_config, opt, validate_config
 from vlctl.io import VlctlError, read_json
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -37,32 +37,36 @@ class TinyCLIPConfig:
     """Architecture of a TinyCLIP (all of it: two models with equal configs have equal shapes)."""
 
     name: str = opt("tinyclip", "architecture name; part of the encoder id")
-    image_size: int = opt(28, "input image side S in pixels (images are S x S x 3)")
-    patch_size: int = opt(7, "ViT patch side; image_size must be a multiple of it")
+    image_size: int = opt(28, "input image side S in pixels (images are S x S x 3)", ge=1, le=4096)
+    patch_size: int = opt(7, "ViT patch side; image_size must be a multiple of it", ge=1, le=4096)
     stem_channels: tuple[int, ...] = opt(
         (),
         "convolutional stem before the patchify conv (a hybrid ViT, as in Dosovitskiy et al. 2021 and "
         "'early convolutions', Xiao et al. 2021): one stage per entry, conv3x3 -> GELU -> 2x2 max-pool, "
         "halving the resolution; () = a plain ViT. Tokens are patches of the stem's feature map.",
+        ge=1, le=65536,
     )
-    vision_width: int = opt(96, "ViT width (token dimension)")
-    vision_layers: int = opt(4, "number of ViT transformer blocks")
-    vision_heads: int = opt(4, "ViT attention heads; must divide vision_width")
+    vision_width: int = opt(96, "ViT width (token dimension)", ge=1, le=65536)
+    vision_layers: int = opt(4, "number of ViT transformer blocks", ge=1, le=1024)
+    vision_heads: int = opt(4, "ViT attention heads; must divide vision_width", ge=1, le=1024)
     text_tower: str = opt(
         "transformer",
         "'transformer' (small causal transformer over word tokens) or "
         "'minilm' (frozen all-MiniLM-L6-v2 + trainable linear projection)",
+        choices=("transformer", "minilm"),
     )
-    text_width: int = opt(64, "text transformer width (unused for minilm)")
-    text_layers: int = opt(2, "text transformer blocks (unused for minilm)")
-    text_heads: int = opt(2, "text transformer heads; must divide text_width (unused for minilm)")
-    context_length: int = opt(8, "token row length incl. <start>/<end> (MiniLM: WordPiece tokens incl. [CLS]/[SEP])")
+    text_width: int = opt(64, "text transformer width (unused for minilm)", ge=0, le=65536)
+    text_layers: int = opt(2, "text transformer blocks (unused for minilm)", ge=0, le=1024)
+    text_heads: int = opt(2, "text transformer heads; must divide text_width (unused for minilm)", ge=0, le=1024)
+    context_length: int = opt(8, "token row length incl. <start>/<end> (MiniLM: WordPiece tokens incl. [CLS]/[SEP])",
+                              ge=2, le=4096)
     vocab: tuple[str, ...] = opt(
         MAD_VALUES,
         "word tokens of the word tokenizer (multi-word allowed; <pad>/<start>/<end> are added); unused for minilm",
     )
-    embed_dim: int = opt(32, "dimension of the joint embedding space")
-    init_logit_scale: float = opt(math.log(1 / 0.07), "initial log inverse temperature (CLIP: log(1/0.07))")
+    embed_dim: int = opt(32, "dimension of the joint embedding space", ge=1, le=65536)
+    init_logit_scale: float = opt(math.log(1 / 0.07), "initial log inverse temperature (CLIP: log(1/0.07))",
+                                  ge=-10, le=10)
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -104,6 +108,7 @@ class TinyCLIPConfig:
             bad(f"context_length must be >= 2, got {self.context_length}")
         if not isinstance(self.vocab, tuple):
             object.__setattr__(self, "vocab", tuple(self.vocab))
+        validate_config(self)  # then every field in its declared range (the opt() above)
 
     @property
     def n_patches(self) -> int:

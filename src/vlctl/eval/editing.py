@@ -1,4 +1,4 @@
-"""Evaluations of text-conditioned editing (TEVI §1.4): pure functions over arrays.
+"""Evaluations of text-conditioned editing (docs/methods.md §1.4): pure functions over arrays.
 
 All accuracies are percentages. A category's "class embeddings" are the text embeddings of its
 values, (n_values, d); classification is `metrics.zero_shot_predict` (argmax cosine).

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from vlctl.config import config_to_dict, opt
+from vlctl.config import config_to_dict, opt, validate_config
 from vlctl.io import VlctlError
 
 DATASETS = ("coco", "flickr", "karpathy", "rococo")
@@ -162,11 +162,11 @@ def rococo_recall(
 class RetrievalConfig:
     """How `vlctl eval retrieval` embeds the data."""
 
-    batch_size: int = opt(64, "images / captions per forward pass")
-    workers: int = opt(0, "DataLoader worker processes decoding images (0 = decode in the main process)")
-    device: str = opt("cpu", "torch device for the encoder")
-    precision: str = opt("fp32", "'fp32', or 'fp16' / 'bf16' autocast on GPU")
-    ks: tuple[int, ...] = opt((1, 5, 10), "recall cut-offs k")
+    batch_size: int = opt(64, "images / captions per forward pass", ge=1, le=4096)
+    workers: int = opt(0, "DataLoader worker processes decoding images (0 = decode in the main process)", ge=0, le=256)
+    device: str = opt("cpu", "torch device for the encoder", check="device")
+    precision: str = opt("fp32", "'fp32', or 'fp16' / 'bf16' autocast on GPU", choices=("fp32", "fp16", "bf16"))
+    ks: tuple[int, ...] = opt((1, 5, 10), "recall cut-offs k", ge=1, le=10**6, min_len=1)
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -175,6 +175,7 @@ class RetrievalConfig:
             raise VlctlError(f"RetrievalConfig.precision must be fp32, fp16 or bf16, got {self.precision!r}")
         if not self.ks or any(not isinstance(k, int) or k < 1 for k in self.ks):
             raise VlctlError(f"RetrievalConfig.ks must be positive integers, got {self.ks!r}")
+        validate_config(self)  # then every field in its declared range (the opt() above)
 
 
 def embed_texts(encoder: Any, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:

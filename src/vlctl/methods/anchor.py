@@ -1,4 +1,4 @@
-"""3VL's Anchor text (METHODS.md §3.3, §IV-B of the paper).
+"""3VL's Anchor text (docs/methods.md §3.3, §IV-B of the paper).
 
 For a positive P and a negative N that differ in a few words, DP / DN are the words of P / N
 outside the longest common word alignment (difflib), AP / AN the smallest span of P / N covering

@@ -1,9 +1,11 @@
 """The one estimator contract of vlctl's methods (SAE, TEVI, ControlEmbed, TreeTuner).
 
 Hyperparameters are declared once, as the fields of the estimator's frozen `Config` dataclass
-(`vlctl.config.opt(default, "help")`: the help is the field's documentation and its `--flag`
-help; `add_config_args(parser, Est.Config, exclude=Est.DATA_FIELDS)` makes the CLI). The training
-parameters (lr, epochs, batch_size, seed, device, ...) are fields like any other.
+(`vlctl.config.opt(default, "help", <range>)`: the help is the field's documentation and its
+`--flag` help, the range (gt/ge/lt/le, choices, ...) what the constructor, set_params and the CLI
+accept, a VlctlError naming the field otherwise; `add_config_args(parser, Est.Config,
+exclude=Est.DATA_FIELDS)` makes the CLI). The training parameters (lr, epochs, batch_size, seed,
+device, ...) are fields like any other.
 
     est = Est(config: Est.Config | None = None, *, progress=False, out_dir=None, **params)
 
@@ -37,6 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from vlctl.config import check_values, validate_config
 from vlctl.io import VlctlError
 
 
@@ -45,17 +48,19 @@ class UnknownParameterError(VlctlError, TypeError):
 
 
 def build_config(cls: type, config: Any, params: dict[str, Any], owner: str) -> Any:
-    """`config` (an instance of `cls`, or None for the defaults) with `params` replacing fields."""
+    """`config` (an instance of `cls`, or None for the defaults) with `params` replacing fields; every
+    field is checked against its declared type and range (`vlctl.config.opt`), the error naming it."""
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(params) - set(names))
     if unknown:
         raise UnknownParameterError(f"{owner}: unknown hyperparameter(s) {unknown}; the {cls.__name__} fields are "
                                     f"{names}")
+    params = check_values(cls, params)  # before the dataclass's own cross-field checks compare them
     if config is None:
         return cls(**params)
     if not isinstance(config, cls):
         raise VlctlError(f"{owner}: config must be a {cls.__name__}, got {type(config).__name__}")
-    return dataclasses.replace(config, **params) if params else config
+    return validate_config(dataclasses.replace(config, **params) if params else config)
 
 
 class Estimator:
@@ -101,7 +106,7 @@ class Estimator:
             given = getattr(self.config, k)
             if given is not None and given != v:
                 raise VlctlError(f"{type(self).__name__}: {k}={given} was given, but the data gives {k}={v}")
-        return dataclasses.replace(self.config, **from_data)
+        return dataclasses.replace(self.config, **check_values(type(self.config), from_data))
 
     def _check_fitted(self) -> Any:
         raise NotImplementedError
@@ -194,6 +199,8 @@ def embedding_set(source: Any, *, encoder_id: str | None = None, text_emb: Any =
     An encoder_id given with a store must be the store's.
     """
     texts = None
+    if name == "embeddings" and is_store_like(source) and getattr(source, "path", None) is not None:
+        name = f"{source.path}: embeddings"  # a NaN names the store it is in
     if is_store_like(source):
         if text_emb is not None:
             raise VlctlError(f"{name}: text_emb goes with an array source; a store brings its own text rows")
@@ -212,9 +219,10 @@ def embedding_set(source: Any, *, encoder_id: str | None = None, text_emb: Any =
         if not isinstance(encoder_id, str) or not encoder_id:
             raise VlctlError(f"{name}: an array of embeddings needs encoder_id= (the id of the encoder that made them)")
         image, text = source, text_emb
-    image = as_matrix(image, name if name != "embeddings" else "image embeddings")
+    where = name.removesuffix("embeddings") if name.endswith(": embeddings") else ""
+    image = as_matrix(image, f"{where}image embeddings" if where or name == "embeddings" else name)
     if text is not None:
-        text = as_matrix(text, "text embeddings")
+        text = as_matrix(text, f"{where}text embeddings")
         if text.shape[1] != image.shape[1]:
             raise VlctlError(f"text embeddings have dimension {text.shape[1]}, image embeddings {image.shape[1]}")
     if paired:

@@ -1,5 +1,5 @@
 """ControlEmbed: a text-conditioned hypernetwork of affine maps over a frozen embedding space
-(METHODS.md §2).
+(docs/methods.md §2).
 
 A 3-layer MLP `H` takes the normalised text embedding t of an attribute *category* ("color")
 and returns an affine map of the D-dim image space:
@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlctl.artifacts import legacy_document, not_this_class
-from vlctl.config import config_to_dict, opt
+from vlctl.config import config_to_dict, opt, validate_config
 from vlctl.io import VlctlError, read_json
 from vlctl.methods.base import Estimator, as_matrix, embedding_set
 from vlctl.methods.prompts import (
@@ -98,44 +98,38 @@ class UntrainedAttributeWarning(UserWarning):
 class ControlEmbedConfig:
     """ControlEmbed's hyperparameters, hypernetwork and training alike (`ControlEmbed.Config`)."""
 
-    embed_dim: int | None = opt(None, "D: dimension of the image embedding space the maps act on; set from the data")
+    embed_dim: int | None = opt(None, "D: dimension of the image embedding space the maps act on; set from the data",
+                                ge=1, le=65536)
     cond_dim: int | None = opt(None, "dimension of the attribute text embedding fed to the MLP; set from the "
-                               "condition encoder")
-    hidden: int = opt(256, "hidden width of the 3-layer MLP")
-    parameterisation: str = opt("full", "W: 'full' (I + Delta), 'lowrank' (I + U V^T) or 'translation' (W = I)")
-    rank: int = opt(32, "rank r of the 'lowrank' parameterisation (ignored otherwise)")
+                               "condition encoder", ge=1, le=65536)
+    hidden: int = opt(256, "hidden width of the 3-layer MLP", ge=1, le=65536)
+    parameterisation: str = opt("full", "W: 'full' (I + Delta), 'lowrank' (I + U V^T) or 'translation' (W = I)",
+                                choices=PARAMETERISATIONS)
+    rank: int = opt(32, "rank r of the 'lowrank' parameterisation (ignored otherwise)", ge=1, le=65536)
     head_rank: int | None = opt(None, "width k of the code between the MLP's hidden layer and the map's parameters "
-                                "(0: no code, one hidden x parameters layer; None: 0 up to 2^22 weights, else 8)")
-    temperature: float = opt(0.1, "tau of the StableRep and alignment losses")
-    align_weight: float = opt(0.1, "omega: weight of the i2t + t2i alignment loss (0 = off)")
-    images_per_subclass: int = opt(16, "m: images per subclass in an episode (class-balanced sampler)")
-    max_subclasses_per_batch: int = opt(32, "at most this many subclasses per episode (a random subset beyond)")
-    steps: int = opt(2000, "training episodes (optimizer steps), one category each")
-    lr: float = opt(1e-3, "peak learning rate (AdamW, warmup + cosine)")
-    weight_decay: float = opt(1e-4, "AdamW weight decay of the MLP's matrices")
-    warmup_steps: int = opt(50, "linear warmup steps")
-    seed: int = opt(0, "seed of the initialisation and the episodes")
+                                "(0: no code, one hidden x parameters layer; None: 0 up to 2^22 weights, else 8)",
+                                ge=0, le=65536)
+    temperature: float = opt(0.1, "tau of the StableRep and alignment losses", gt=0, le=100)
+    align_weight: float = opt(0.1, "omega: weight of the i2t + t2i alignment loss (0 = off)", ge=0, le=1000)
+    images_per_subclass: int = opt(16, "m: images per subclass in an episode (class-balanced sampler)", ge=2, le=4096)
+    max_subclasses_per_batch: int = opt(32, "at most this many subclasses per episode (a random subset beyond)",
+                                        ge=2, le=4096)
+    steps: int = opt(2000, "training episodes (optimizer steps), one category each", ge=1, le=10**8)
+    lr: float = opt(1e-3, "peak learning rate (AdamW, warmup + cosine)", gt=0, le=10)
+    weight_decay: float = opt(1e-4, "AdamW weight decay of the MLP's matrices", ge=0, le=10)
+    warmup_steps: int = opt(50, "linear warmup steps", ge=0, le=10**8)
+    seed: int = opt(0, "seed of the initialisation and the episodes", ge=0, le=2**32 - 1)
     threads: int = opt(1, "torch threads while fitting (restored afterwards; 0 = leave as is): the episodes are "
-                       "small, and on a shared CPU one thread was 7x faster than two (measured)")
-    device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available)")
+                       "small, and on a shared CPU one thread was 7x faster than two (measured)", ge=0, le=1024)
+    device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available)", check="device")
 
     def __post_init__(self):
-        if self.parameterisation not in PARAMETERISATIONS:
-            raise VlctlError(f"parameterisation: {self.parameterisation!r} is not one of {list(PARAMETERISATIONS)}")
-        for name in ("embed_dim", "cond_dim", "hidden", "rank"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < 1):
-                raise VlctlError(f"{name}: must be a positive integer, got {v!r}")
-        if self.head_rank is not None and (not isinstance(self.head_rank, int) or self.head_rank < 0):
-            raise VlctlError(f"head_rank: must be None or an integer >= 0, got {self.head_rank!r}")
-        if not self.temperature > 0:
-            raise VlctlError(f"temperature: must be > 0, got {self.temperature}")
-        if self.align_weight < 0:
-            raise VlctlError(f"align_weight: must be >= 0, got {self.align_weight}")
-        # an episode needs 2 images of a subclass (a positive besides the image itself) and 2 subclasses
-        for name, low in (("images_per_subclass", 2), ("max_subclasses_per_batch", 2), ("steps", 1)):
-            if getattr(self, name) < low:
-                raise VlctlError(f"{name}: must be >= {low}, got {getattr(self, name)}")
+        # Every field in its declared range (above; an episode needs 2 images of a subclass, a positive
+        # besides the image itself, and 2 subclasses); then what crosses fields.
+        validate_config(self)
+        if self.parameterisation == "lowrank" and self.embed_dim is not None and self.rank > self.embed_dim:
+            raise VlctlError(f"rank: must be <= embed_dim ({self.embed_dim}, the embedding dimension) for the "
+                             f"'lowrank' parameterisation, got {self.rank}")
 
     @property
     def out_dim(self) -> int:

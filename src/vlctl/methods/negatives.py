@@ -1,4 +1,4 @@
-"""The words of 3VL's one-word hard negatives (METHODS.md §3.1): curated replacement tables,
+"""The words of 3VL's one-word hard negatives (docs/methods.md §3.1): curated replacement tables,
 inflection, the spaCy pipeline, and the check that a caption is usable English.
 
 A negative changes exactly one NOUN / ADJ / ADP / VERB token of a text and keeps every other

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vlctl.config import shorten, template_error
 from vlctl.io import VlctlError
 from vlctl.methods.base import as_matrix
 
@@ -18,13 +19,9 @@ DEFAULT_TEMPLATES = ("a photo of {}.", "an image of {}.", "a rendering of {}.", 
 
 @functools.lru_cache(maxsize=1)
 def _minilm():
-    from sentence_transformers import SentenceTransformer
+    from vlctl.encoders.minilm import load_sentence_transformer
 
-    from vlctl.encoders.tiny_clip import minilm_model_dir
-
-    model = SentenceTransformer(str(minilm_model_dir()), device="cpu")
-    model.eval()
-    return model
+    return load_sentence_transformer()
 
 
 def minilm_text_embeddings(texts: Sequence[str]) -> np.ndarray:
@@ -49,8 +46,10 @@ def prompt_ensemble(
     """(K, D) normalised mean over `templates` of the text embeddings of each phrase, as CLIP
     ensembles prompts: row k = normalize(mean_t encode(template_t.format(phrases[k])))."""
     templates = list(templates)
-    if not templates or not all("{}" in t for t in templates):
-        raise VlctlError(f"templates: each must contain '{{}}' where the subclass goes, got {templates!r}")
+    bad = [t for t in templates if not isinstance(t, str) or template_error(t)]
+    if not templates or bad:
+        raise VlctlError(f"templates: each must contain '{{}}' exactly once, where the subclass goes, and no other "
+                         f"{{...}} field; got {shorten(repr(bad or templates))}")
     texts = [t.format(p) for p in phrases for t in templates]
     emb = np.asarray(encode_texts(texts), dtype=np.float64).reshape(len(phrases), len(templates), -1).mean(1)
     return (emb / np.linalg.norm(emb, axis=1, keepdims=True).clip(1e-12)).astype(np.float32)

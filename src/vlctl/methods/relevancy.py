@@ -1,4 +1,4 @@
-"""3VL relevancy maps: HilaCAM, token removal, Anchor and DiRe maps, overlays (METHODS.md §3.3).
+"""3VL relevancy maps: HilaCAM, token removal, Anchor and DiRe maps (docs/methods.md §3.3).
 
 HilaCAM (Chefer et al. 2021, "Generic attention-model explainability"), for an image-text pair:
 
@@ -20,7 +20,8 @@ DiRe uses the label, so it is for interpretability, not inference.
 
 Evaluation: `token_removal_curve` (the negative-perturbation test of 3VL Fig. 5) and
 `deletion_test` (removing the most relevant patches must hurt the score more than removing as
-many random ones). `vlctl explain` writes the overlays for one image.
+many random ones). `explain_maps` computes the maps of `vlctl explain` over the whole image
+(letterboxed); `vlctl.report.overlays` draws them.
 
 All maps are numpy float32 arrays (n, gh, gw). Encoders: TinyCLIP, OpenCLIP ViTs, HF CLIP
 (anything whose `vision_attentions` returns class-token ViT attention). Towers without a class
@@ -29,7 +30,6 @@ token (SigLIP) are refused: HilaCAM reads the class-token row.
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vlctl.io import VlctlError, atomic_save_npz, atomic_write_bytes
+from vlctl.io import VlctlError
 
 FRACTIONS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
 Blocks = str | int | slice
@@ -425,74 +425,104 @@ def deletion_test(
     }
 
 
-# --------------------------------------------------------------------------------------------
-# Overlays
-# --------------------------------------------------------------------------------------------
+# --- The whole image: letterboxing, and maps back onto the image (drawing: vlctl.report.overlays)
+
+# CLIP's mean pixel (0.481, 0.458, 0.408) x 255: padding that normalises to ~0 for CLIP towers.
+LETTERBOX_FILL: tuple[int, int, int] = (123, 117, 104)
+FULL_REGION: tuple[float, float, float, float] = (0.0, 0.0, 1.0, 1.0)
+FITS = ("letterbox", "crop")
 
 
 def center_square(image: np.ndarray) -> np.ndarray:
-    """The central min(H, W) square of an image (H, W, 3): the region every supported encoder's
-    preprocessing (resize the shorter side, centre crop) shows the model."""
+    """The central min(H, W) square of an image (H, W, 3): what encoders' own preprocessing shows."""
     h, w = image.shape[:2]
     s = min(h, w)
     top, left = (h - s) // 2, (w - s) // 2
     return image[top : top + s, left : left + s]
 
 
-def overlay_rgb(image: np.ndarray, relevancy: np.ndarray, diverging: bool = False, alpha: float = 0.5) -> np.ndarray:
-    """Blend a colour-mapped relevancy map (gh, gw) over an image uint8 (H, W, 3) -> uint8 (H, W, 3).
-
-    The map is upsampled bilinearly to (H, W). Sequential maps are min-max scaled and drawn with
-    "jet" (red = relevant); diverging maps (DiRe) are scaled by max |value| and drawn with
-    "RdBu_r" centred at 0 (red: relevant for the positive text, blue: for the negative).
-    """
-    import matplotlib
-
+def _rgb(image: Any, what: str) -> np.ndarray:
     img = np.asarray(image)
     if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
-        raise VlctlError(f"overlay: expected a uint8 image (H, W, 3), got {img.dtype} {img.shape}")
-    r = np.asarray(relevancy, dtype=np.float32)
-    if r.ndim != 2:
-        raise VlctlError(f"overlay: expected one relevancy map (gh, gw), got shape {r.shape}")
-    up = F.interpolate(torch.from_numpy(r)[None, None], size=img.shape[:2], mode="bilinear", align_corners=False)
-    up = up[0, 0].numpy()
-    if diverging:
-        scale = float(np.abs(r).max())
-        v = 0.5 + 0.5 * (up / scale if scale > 0 else up * 0)
-        cmap = matplotlib.colormaps["RdBu_r"]
-    else:
-        v = normalize_map(up)
-        cmap = matplotlib.colormaps["jet"]
-    heat = cmap(np.clip(v, 0, 1))[..., :3] * 255.0
-    return np.clip((1 - alpha) * img.astype(np.float32) + alpha * heat, 0, 255).round().astype(np.uint8)
+        raise VlctlError(f"{what}: expected a uint8 image (H, W, 3), got {img.dtype} {img.shape}")
+    return img
 
 
-def save_overlay(
-    image: np.ndarray,
+class Letterbox(NamedTuple):
+    """An image padded to a square: `image` (S, S, 3) uint8 with S = max(H, W), the original at
+    rows top..top+height, columns left..left+width; the rest is `LETTERBOX_FILL`."""
+
+    image: np.ndarray
+    top: int
+    left: int
+    height: int
+    width: int
+
+    @property
+    def region(self) -> tuple[float, float, float, float]:
+        """(y0, x0, y1, x1): where the original lies in the square, as fractions of its side."""
+        s = self.image.shape[0]
+        return self.top / s, self.left / s, (self.top + self.height) / s, (self.left + self.width) / s
+
+
+def letterbox(image: np.ndarray, fill: Sequence[int] = LETTERBOX_FILL) -> Letterbox:
+    """Pad a uint8 image (H, W, 3) to a max(H, W) square, centred. Every supported encoder's
+    preprocessing (resize the shorter side, centre crop) then shows the model the whole image:
+    nothing is cropped. A square image comes back unchanged."""
+    img = _rgb(image, "letterbox")
+    h, w = img.shape[:2]
+    s = max(h, w)
+    top, left = (s - h) // 2, (s - w) // 2
+    sq = np.empty((s, s, 3), np.uint8)
+    sq[...] = np.asarray(fill, np.uint8)
+    sq[top : top + h, left : left + w] = img
+    return Letterbox(sq, top, left, h, w)
+
+
+def _lerp_axis(a: np.ndarray, pos: np.ndarray, axis: int) -> np.ndarray:
+    """Linear interpolation of `a` along `axis` at positions `pos` (in index units), clamped."""
+    n = a.shape[axis]
+    p = np.clip(pos, 0.0, n - 1.0)
+    i0 = np.floor(p).astype(np.int64)
+    i1 = np.minimum(i0 + 1, n - 1)
+    t = (p - i0).reshape([-1 if k == axis else 1 for k in range(a.ndim)])
+    return np.take(a, i0, axis=axis) * (1.0 - t) + np.take(a, i1, axis=axis) * t
+
+
+def map_onto_image(
     relevancy: np.ndarray,
-    path: str | Path,
-    title: str | None = None,
-    diverging: bool = False,
-    alpha: float = 0.5,
-) -> Path:
-    """Write the overlay (see `overlay_rgb`) as a PNG of the image's size, atomically. A title is
-    drawn in the top-left corner on a dark band (inside the image; the size does not change)."""
-    from PIL import Image, ImageDraw
+    size: tuple[int, int],
+    region: Sequence[float] = FULL_REGION,
+    smooth: bool = True,
+) -> np.ndarray:
+    """A relevancy map (gh, gw) over the model's square input -> float32 (H, W) over the image.
 
-    pil = Image.fromarray(overlay_rgb(image, relevancy, diverging=diverging, alpha=alpha))
-    if title:
-        draw = ImageDraw.Draw(pil)
-        box = draw.textbbox((2, 1), title)
-        draw.rectangle((0, 0, box[2] + 2, box[3] + 2), fill=(0, 0, 0))
-        draw.text((2, 1), title, fill=(255, 255, 255))
-    buf = io.BytesIO()
-    pil.save(buf, format="PNG")
-    return atomic_write_bytes(path, buf.getvalue())
+    region (y0, x0, y1, x1): the part of the model input that the image fills, as fractions of
+    the input's side (`Letterbox.region`; FULL_REGION when the input is the image itself); the
+    rest (the padding) is left out. Output pixel (i, j) reads the map at input position
+    y = y0 + (i + 0.5) / H * (y1 - y0) (x likewise): bilinearly between patch centres, clamped at
+    the border (torch's bilinear upsampling, align_corners=False), or with smooth=False the
+    patch it falls in (nearest: patches stay visible as blocks).
+    """
+    r = np.asarray(relevancy, dtype=np.float64)
+    if r.ndim != 2 or 0 in r.shape:
+        raise VlctlError(f"map_onto_image: expected one relevancy map (gh, gw), got shape {r.shape}")
+    (h, w), (y0, x0, y1, x1) = (int(v) for v in size), (float(v) for v in region)
+    if h < 1 or w < 1 or not (0.0 <= y0 < y1 <= 1.0 and 0.0 <= x0 < x1 <= 1.0):
+        raise VlctlError(f"map_onto_image: need a positive size and a region in [0, 1], got {size}, {region}")
+    ys = y0 + (np.arange(h) + 0.5) / h * (y1 - y0)  # fractions of the input side
+    xs = x0 + (np.arange(w) + 0.5) / w * (x1 - x0)
+    gh, gw = r.shape
+    if smooth:
+        out = _lerp_axis(_lerp_axis(r, ys * gh - 0.5, 0), xs * gw - 0.5, 1)
+    else:
+        iy = np.clip(np.floor(ys * gh).astype(np.int64), 0, gh - 1)
+        ix = np.clip(np.floor(xs * gw).astype(np.int64), 0, gw - 1)
+        out = r[iy][:, ix]
+    return out.astype(np.float32)
 
 
-# --------------------------------------------------------------------------------------------
-# vlctl explain
-# --------------------------------------------------------------------------------------------
+# --- vlctl explain
 
 
 def load_image(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
@@ -507,32 +537,30 @@ def load_image(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
     return np.asarray(read_image(p, max_pixels or DEFAULT_MAX_PIXELS), dtype=np.uint8).copy()
 
 
-def _parse_blocks(s: str) -> Blocks:
-    if s in ("all", "last"):
-        return s
-    try:
-        return int(s)
-    except ValueError:
-        raise VlctlError(f"--blocks must be 'all', 'last' or an integer start block, got {s!r}") from None
-
-
-def explain(
+def explain_maps(
     encoder: Any,
     image: np.ndarray,
     positive: str,
-    negative: str | None,
-    out: str | Path,
+    negative: str | None = None,
     blocks: Blocks = "all",
     anchor: str | None = None,
+    fit: str = "letterbox",
 ) -> dict[str, Any]:
-    """Relevancy overlays for one image (uint8 (H, W, 3)) and its positive (and negative) text.
+    """The relevancy maps of `vlctl explain` for one image (uint8 (H, W, 3)) and its texts.
 
-    Writes to `out`: hilacam_positive.png; with a negative also hilacam_negative.png, anchor.png
-    (HilaCAM of the anchor text: `anchor`, or `vlctl.methods.anchor.anchor_text(positive,
-    negative)`) and dire.png; plus maps.npz with the raw maps (gh, gw), the texts and the scores.
-    Overlays are drawn on the image's central square (what the encoder sees).
+    fit="letterbox" (default): the image is padded to a square (`letterbox`) before the encoder's
+    preprocessing, so the model sees all of it and the maps cover the whole image; "crop": the
+    encoder's own preprocessing (its central square only; the sides are never seen).
+
+    Returns {"maps": {"hilacam_positive"[, "hilacam_negative", "anchor", "dire"]: (gh, gw)}, "shown":
+    the image the maps cover (whole, or its central square for "crop"), "region": where it lies in
+    the model input (`map_onto_image`), "texts", "scores" (image-text cosines), "encoder_id",
+    "positive_score"[, "negative_score", "anchor_text": `anchor` or
+    `vlctl.methods.anchor.anchor_text(positive, negative)`], "fit", "input_size"}.
     """
-    img = np.asarray(image)
+    if fit not in FITS:
+        raise VlctlError(f"explain: fit must be one of {', '.join(FITS)}, got {fit!r}")
+    img = _rgb(image, "explain")
     geo = patch_geometry(encoder)
     if geo is not None and min(img.shape[:2]) < geo.patch_size:
         raise VlctlError(
@@ -541,15 +569,16 @@ def explain(
         )
     if not positive or (negative is not None and not negative):
         raise VlctlError("explain: the positive and negative texts must be non-empty")
-    x = encoder.preprocess(img)[None]
+    if fit == "letterbox":
+        box = letterbox(img)
+        x, shown, region = encoder.preprocess(box.image)[None], img, box.region
+    else:
+        x, shown, region = encoder.preprocess(img)[None], center_square(img), FULL_REGION
     texts = [positive] if negative is None else [positive, negative]
     with torch.no_grad():
         e = encoder.encode_images(x).float().cpu()
         t = encoder.encode_texts(encoder.tokenize(texts)).float().cpu()
     scores = (F.normalize(e, dim=-1) @ F.normalize(t, dim=-1).T)[0].tolist()
-
-    out = Path(out)
-    shown = center_square(img)
     maps: dict[str, np.ndarray] = {"hilacam_positive": hila_cam(encoder, x, [positive], blocks=blocks)[0]}
     result: dict[str, Any] = {"encoder_id": getattr(encoder, "id", None), "positive_score": scores[0]}
     if negative is not None:
@@ -563,16 +592,7 @@ def explain(
         maps["anchor"] = hila_cam(encoder, x, [anchor], blocks=blocks)[0]
         maps["dire"] = dire_from_maps(maps["hilacam_positive"], maps["hilacam_negative"])
         result.update(negative_score=scores[1], anchor_text=anchor)
-    titles = {
-        "hilacam_positive": f"P: {positive}",
-        "hilacam_negative": f"N: {negative}",
-        "anchor": f"anchor: {anchor}",
-        "dire": "DiRe (P - N)",
-    }
-    files = []
-    for name, m in maps.items():
-        files.append(str(save_overlay(shown, m, out / f"{name}.png", title=titles[name], diverging=name == "dire")))
-    extra = {"texts": np.array(texts + ([anchor] if anchor is not None else [])), "scores": np.array(scores)}
-    files.append(str(atomic_save_npz(out / "maps.npz", **maps, **extra)))
-    result["files"] = files
+        texts.append(anchor)
+    result.update(maps=maps, shown=shown, region=region, texts=texts, scores=scores, fit=fit,
+                  input_size=int(x.shape[-1]))
     return result

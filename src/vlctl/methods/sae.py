@@ -1,4 +1,4 @@
-"""TopK sparse autoencoder over image embeddings (TEVI §1.1, CG-SAE §1.2).
+"""TopK sparse autoencoder over image embeddings (docs/methods.md §1.1; CG-SAE §1.2).
 
 Follows OpenAI's `sparse_autoencoder/model.py` (Gao et al. 2025, "Scaling and evaluating sparse
 autoencoders"):
@@ -48,22 +48,23 @@ CONFIG_FILE = "config.json"
 class TopKSAEConfig:
     """The SAE's hyperparameters, architecture and training alike (`SparseAutoencoder.Config`)."""
 
-    d: int | None = opt(None, "input (embedding) dimension; set from the data by fit")
-    expansion: int = opt(32, "d_latent = expansion * d when d_latent is not given")
-    d_latent: int | None = opt(None, "number of latents d1 (overrides expansion)")
-    k: int = opt(128, "active latents per input (TopK)")
-    aux_k: int = opt(256, "dead latents used by the AuxK loss")
-    aux_coef: float = opt(1 / 32, "weight of the AuxK loss")
-    dead_after: int = opt(200_000, "a latent not fired for this many training samples is dead")
-    init_b_pre: str = opt("geometric_median", "b_pre init from the data: geometric_median | mean | zeros")
+    d: int | None = opt(None, "input (embedding) dimension; set from the data by fit", ge=1, le=65536)
+    expansion: int = opt(32, "d_latent = expansion * d when d_latent is not given", ge=1, le=1024)
+    d_latent: int | None = opt(None, "number of latents d1 (overrides expansion)", ge=1, le=2**24)
+    k: int = opt(128, "active latents per input (TopK)", ge=1, le=2**24)
+    aux_k: int = opt(256, "dead latents used by the AuxK loss", ge=0, le=2**24)
+    aux_coef: float = opt(1 / 32, "weight of the AuxK loss", ge=0, le=1000)
+    dead_after: int = opt(200_000, "a latent not fired for this many training samples is dead", ge=0, le=10**12)
+    init_b_pre: str = opt("geometric_median", "b_pre init from the data: geometric_median | mean | zeros",
+                          choices=("geometric_median", "mean", "zeros"))
     concepts_fixed: bool = opt(False, "CG-SAE: decoder rows fixed to concept text embeddings, only the encoder "
                                "trains (set by SparseAutoencoder.from_concepts)")
-    lr: float = opt(1e-3, "peak learning rate (AdamW, no weight decay)")
-    epochs: int = opt(50, "passes over the embeddings")
-    batch_size: int = opt(4096, "batch size (capped at the number of embeddings)")
-    warmup_steps: int = opt(0, "linear warmup steps")
-    seed: int = opt(0, "seed of the initialisation and the data order")
-    device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available)")
+    lr: float = opt(1e-3, "peak learning rate (AdamW, no weight decay)", gt=0, le=10)
+    epochs: int = opt(50, "passes over the embeddings", ge=1, le=100_000)
+    batch_size: int = opt(4096, "batch size (capped at the number of embeddings)", ge=1, le=2**20)
+    warmup_steps: int = opt(0, "linear warmup steps", ge=0, le=10**9)
+    seed: int = opt(0, "seed of the initialisation and the data order", ge=0, le=2**32 - 1)
+    device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available)", check="device")
 
     @property
     def n_latents(self) -> int | None:

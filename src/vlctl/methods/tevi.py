@@ -1,4 +1,4 @@
-"""TEVI (§1.3): text-conditioned editing of image embeddings through SAE latents.
+"""TEVI (docs/methods.md §1.3): text-conditioned editing of image embeddings through SAE latents.
 
 A frozen SAE codes each image embedding as sparse latents z (TopK). A caption q is mapped by a
 3-layer ReLU MLP to a mask m_q = sigmoid(f_m(t_q)) over the latents; the edited embedding of
@@ -50,25 +50,30 @@ CONDITIONING = ("positive", "negative", "both")
 class TeviConfig:
     """TEVI's hyperparameters, mask and training alike (`TEVI.Config`)."""
 
-    d: int | None = opt(None, "embedding dimension (image and text); set from the SAE by fit")
-    n_latents: int | None = opt(None, "latents d1 of the SAE the mask acts on; set from the SAE by fit")
-    hidden: int = opt(512, "width of the mask MLP's two hidden layers")
+    d: int | None = opt(None, "embedding dimension (image and text); set from the SAE by fit", ge=1, le=65536)
+    n_latents: int | None = opt(None, "latents d1 of the SAE the mask acts on; set from the SAE by fit", ge=1, le=2**24)
+    hidden: int = opt(512, "width of the mask MLP's two hidden layers", ge=1, le=16384)
     conditioning: str = opt("positive", "positive (Eq. 10: each image edited by its own caption) | negative "
-                            "(Eq. 11: every image of the batch edited by every text of the batch) | both (their mean)")
-    mask_init_bias: float = opt(0.0, "initial bias of the MLP's output layer: sigmoid(bias) is the initial mask value")
-    mask_temperature: float = opt(1.0, "m = sigmoid(f_m(t) / temperature); < 1 makes masks closer to binary")
+                            "(Eq. 11: every image of the batch edited by every text of the batch) | both (their mean)",
+                            choices=CONDITIONING)
+    mask_init_bias: float = opt(0.0, "initial bias of the MLP's output layer: sigmoid(bias) is the initial mask value",
+                                ge=-100, le=100)
+    mask_temperature: float = opt(1.0, "m = sigmoid(f_m(t) / temperature); < 1 makes masks closer to binary",
+                                  gt=0, le=100)
     mask_floor: float = opt(0.0, "at inference, mask values below this are set to 0 (training keeps the soft mask): a "
-                            "latent kept at 0.1 still decides an argmax over its attribute's values")
-    init_logit_scale: float = opt(math.log(1 / 0.07), "initial log inverse temperature of the InfoNCE (CLIP's)")
+                            "latent kept at 0.1 still decides an argmax over its attribute's values", ge=0, lt=1)
+    init_logit_scale: float = opt(math.log(1 / 0.07), "initial log inverse temperature of the InfoNCE (CLIP's)",
+                                  ge=-10, le=10)
     learn_logit_scale: bool = opt(True, "train the InfoNCE temperature (at the mask's lr)")
-    lr: float = opt(1e-3, "peak learning rate of the mask (AdamW, warmup + cosine)")
-    text_lr: float = opt(1e-6, "learning rate of a text encoder fine-tuned beside the mask (fit with text_encoder)")
-    epochs: int = opt(10, "passes over the image-caption pairs")
-    batch_size: int = opt(256, "batch size (capped at the number of pairs); the InfoNCE's negatives")
-    weight_decay: float = opt(0.0, "AdamW weight decay of the mask MLP's matrices")
-    warmup_steps: int = opt(0, "linear warmup steps")
-    seed: int = opt(0, "seed of the initialisation and the data order")
-    device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available)")
+    lr: float = opt(1e-3, "peak learning rate of the mask (AdamW, warmup + cosine)", gt=0, le=10)
+    text_lr: float = opt(1e-6, "learning rate of a text encoder fine-tuned beside the mask (fit with text_encoder)",
+                         ge=0, le=10)
+    epochs: int = opt(10, "passes over the image-caption pairs", ge=1, le=100_000)
+    batch_size: int = opt(256, "batch size (capped at the number of pairs); the InfoNCE's negatives", ge=1, le=16384)
+    weight_decay: float = opt(0.0, "AdamW weight decay of the mask MLP's matrices", ge=0, le=10)
+    warmup_steps: int = opt(0, "linear warmup steps", ge=0, le=10**9)
+    seed: int = opt(0, "seed of the initialisation and the data order", ge=0, le=2**32 - 1)
+    device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available)", check="device")
 
     def __post_init__(self):
         if self.conditioning not in CONDITIONING:

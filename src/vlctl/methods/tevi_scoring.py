@@ -2,7 +2,7 @@
 
 Scoring every image p conditioned on every text q, cos(e_{p|q}, t_q) with
 e_{p|q} = W_D^T (z_p ⊙ m_q) + b_pre (`vlctl.methods.tevi`), looks like an (n_images, n_texts, d)
-tensor. It is not needed (DESIGN.md, "Cost model to design against"):
+tensor. It is not needed (docs/design.md, "Cost model to design against"):
 
   numerator   e_{p|q} · t̂_q = (z_p ⊙ m_q) · u_q + b_pre · t̂_q,   u_q = W_D t̂_q   (d1,)
               = z @ (m ⊙ u)^T + b_pre · t̂       -- one (n_images, d1) x (d1, n_texts) matmul

@@ -1,4 +1,4 @@
-"""3VL fine-tuning (METHODS.md §3.2): LoRA adapters, the tree loss, and the baselines' losses.
+"""3VL fine-tuning (docs/methods.md §3.2): LoRA adapters, the tree loss, and the baselines' losses.
 
 LoRA. `LoRALinear` wraps a frozen nn.Linear: y = W x + b + (alpha / r) B A x with A (r, in)
 kaiming-uniform (as in the LoRA reference code) and B (out, r) zeros, so an
@@ -305,24 +305,27 @@ def tree_tensors(trees: Sequence[list[dict]], tokenize, max_levels: int = 8, max
 class TreeTuneConfig:
     """The hyperparameters of LoRA fine-tuning (`TreeTuner.Config`)."""
 
-    mode: str = opt("tree", "loss: 'contrastive', 'negclip' or 'tree' (alpha L_tree + (1 - alpha) L_contrast)")
-    alpha: float = opt(0.5, "weight of L_tree in the 3VL loss")
-    level_reduction: str = opt("sum", "tree levels aggregated by 'sum' (paper) or 'mean' (authors' code)")
-    rank: int = opt(1, "LoRA rank")
-    lora_alpha: float = opt(1.0, "LoRA alpha (the update is scaled by alpha / rank)")
-    towers: str = opt("both", "towers that get adapters: 'both', 'visual' or 'text'")
-    lr: float = opt(3e-3, "peak learning rate of the adapters")
-    weight_decay: float = opt(0.1, "AdamW weight decay on the adapters")
-    epochs: int = opt(5, "passes over the fine-tuning set")
-    batch_size: int = opt(64, "batch size")
-    warmup_steps: int = opt(20, "linear warmup steps")
-    max_levels: int = opt(8, "tree levels kept per caption (the finest)")
-    max_negatives: int = opt(8, "negatives kept per tree level")
+    mode: str = opt("tree", "loss: 'contrastive', 'negclip' or 'tree' (alpha L_tree + (1 - alpha) L_contrast)",
+                    choices=MODES)
+    alpha: float = opt(0.5, "weight of L_tree in the 3VL loss", ge=0, le=1)
+    level_reduction: str = opt("sum", "tree levels aggregated by 'sum' (paper) or 'mean' (authors' code)",
+                               choices=REDUCTIONS)
+    rank: int = opt(1, "LoRA rank", ge=1, le=1024)
+    lora_alpha: float = opt(1.0, "LoRA alpha (the update is scaled by alpha / rank)", gt=0, le=10_000)
+    towers: str = opt("both", "towers that get adapters: 'both', 'visual' or 'text'", choices=TOWERS)
+    lr: float = opt(3e-3, "peak learning rate of the adapters", gt=0, le=10)
+    weight_decay: float = opt(0.1, "AdamW weight decay on the adapters", ge=0, le=10)
+    epochs: int = opt(5, "passes over the fine-tuning set", ge=1, le=100_000)
+    batch_size: int = opt(64, "batch size", ge=1, le=4096)
+    warmup_steps: int = opt(20, "linear warmup steps", ge=0, le=10**9)
+    max_levels: int = opt(8, "tree levels kept per caption (the finest)", ge=1, le=1000)
+    max_negatives: int = opt(8, "negatives kept per tree level", ge=1, le=1000)
     patch_dropout: float = opt(0.0, "probability that a batch's images are encoded from a random subset of their "
-                               "patches (see patch_keep)")
-    seed: int = opt(0, "seed of adapters' init, data order and negative subsampling")
-    threads: int = opt(0, "torch threads (0 = leave as is)")
-    device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available); the tuned model comes back to the CPU")
+                               "patches (see patch_keep)", ge=0, le=1)
+    seed: int = opt(0, "seed of adapters' init, data order and negative subsampling", ge=0, le=2**32 - 1)
+    threads: int = opt(0, "torch threads (0 = leave as is)", ge=0, le=1024)
+    device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available); the tuned model comes back to the CPU",
+                             check="device")
 
     def __post_init__(self):
         if self.mode not in MODES:

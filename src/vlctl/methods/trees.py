@@ -1,4 +1,4 @@
-"""3VL caption trees with one-word hard negatives (METHODS.md §3.1).
+"""3VL caption trees with one-word hard negatives (docs/methods.md §3.1).
 
 Tree of a caption (Yellinek et al., "3VL", §III-A), coarse to fine:
 
@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vlctl.config import opt
+from vlctl.config import opt, validate_config
 from vlctl.io import VlctlError
 from vlctl.methods import wordnet as wnmod
 from vlctl.methods.anchor import anchor_diff, anchor_text  # noqa: F401 (their old home)
@@ -69,10 +69,13 @@ TREE_POS = ("NOUN", "ADJ", "ADP", "VERB")
 
 @dataclasses.dataclass(frozen=True)
 class TreeConfig:
-    seed: int = opt(0, "seed of the choice among replacement candidates")
+    seed: int = opt(0, "seed of the choice among replacement candidates", ge=0, le=2**32 - 1)
     wordnet_dir: str | None = opt(None, "WordNet folder (default: $VLCTL_WORDNET_DIR, nltk_data, /usr/share/wordnet)")
-    max_words: int = opt(MAX_WORDS, "refuse captions longer than this many words")
+    max_words: int = opt(MAX_WORDS, "refuse captions longer than this many words", ge=1, le=10_000)
     cache: str | None = opt(None, "JSONL file caching trees by caption hash and generator settings")
+
+    def __post_init__(self) -> None:
+        validate_config(self)  # every field in its declared range (the opt() above)
 
 
 class TreeCache:

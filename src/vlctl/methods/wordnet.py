@@ -1,4 +1,4 @@
-"""WordNet 3.0 through NLTK, offline, for the 3VL caption-tree negatives (METHODS.md §3.1).
+"""WordNet 3.0 through NLTK, offline, for the 3VL caption-tree negatives (docs/methods.md §3.1).
 
 Where the database comes from, first match wins:
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from vlctl.io import VlctlError
 
-# name -> module:function(out: Path, quick: bool, force: bool, stages: Path | None) -> Path of report.md
+# name -> module:function(out, quick, force, stages, from_scratch) -> Path of report.md
 RECIPES: dict[str, str] = {
     "mad-clip": "vlctl.recipes.mad_clip:run",
     "controlembed-shapes": "vlctl.recipes.controlembed_shapes:run",
@@ -27,8 +27,10 @@ def _load(name: str) -> Callable[..., Path]:
 
 
 def run_recipe(
-    name: str, out: str | Path, quick: bool = False, force: bool = False, stages: str | Path | None = None
+    name: str, out: str | Path, quick: bool = False, force: bool = False, stages: str | Path | None = None,
+    from_scratch: bool = False,
 ) -> Path:
     """Run recipe `name` into `out`. `stages`: where stage outputs are cached (default OUT/stages);
-    recipes given the same `stages` reuse each other's identical stages (same key)."""
-    return _load(name)(Path(out), quick=quick, force=force, stages=stages)
+    recipes given the same `stages` reuse each other's identical stages (same key).
+    `from_scratch`: train every model instead of starting from the shipped checkpoints."""
+    return _load(name)(Path(out), quick=quick, force=force, stages=stages, from_scratch=from_scratch)

@@ -1,4 +1,4 @@
-"""Recipe `controlembed-shapes`: ControlEmbed (METHODS.md §2) on the Clevr-4-like shapes set.
+"""Recipe `controlembed-shapes`: ControlEmbed (docs/methods.md §2) on the Clevr-4-like shapes set.
 
 Stages: data (train + test shapes) -> train (TinyCLIP from scratch on the shapes captions) ->
 embed (train and test images; subclass prompt ensembles) -> fit (the hypernetwork; the
@@ -40,7 +40,7 @@ from vlctl.methods.controlembed import (
 from vlctl.recipes.runner import Runner
 from vlctl.report import Report
 
-# ControlEmbed paper (CLIP ViT-L/14 on Clevr-4): Tables 1, 2, 3 and 8 (METHODS.md §2).
+# ControlEmbed paper (CLIP ViT-L/14 on Clevr-4): Tables 1, 2, 3 and 8 (docs/methods.md §2).
 PAPER = {
     "query_map_base": 33.8, "query_map_ours": 77.0, "query_map_best_baseline": 49.5,
     "query_map_cwp": 43.8, "query_map_translation_only": 35.4,
@@ -55,31 +55,33 @@ METHODS = ("base", "translation_only", "text_projection", "per_attribute", "ours
 
 @dataclasses.dataclass(frozen=True)
 class ControlEmbedShapesRecipe:
-    n_train: int = opt(20000, "training images (TinyCLIP and the hypernetwork)")
-    n_test: int = opt(5000, "test images: the gallery of retrieval and the set that is clustered")
-    image_size: int = opt(32, "image side in pixels (the TinyCLIP config's image_size)")
+    n_train: int = opt(20000, "training images (TinyCLIP and the hypernetwork)", ge=1, le=10**7)
+    n_test: int = opt(5000, "test images: the gallery of retrieval and the set that is clustered", ge=1, le=10**7)
+    image_size: int = opt(32, "image side in pixels (the TinyCLIP config's image_size)", ge=16, le=1024)
     model: str = opt("shapes-quick", "TinyCLIP config name")
-    epochs: int = opt(10, "TinyCLIP training epochs")
-    batch_size: int = opt(128, "TinyCLIP global batch size")
-    lr: float = opt(2e-3, "TinyCLIP peak learning rate")
-    temperature_lr: float = opt(1e-2, "TinyCLIP learnable temperature's learning rate")
-    warmup_steps: int = opt(100, "TinyCLIP linear warmup steps")
-    weight_decay: float = opt(0.1, "TinyCLIP AdamW weight decay (matrices only)")
-    procs: int = opt(1, "TinyCLIP CPU training processes (torchrun DDP when > 1; one per GPU under CUDA)")
-    threads: int = opt(0, "torch threads of in-process TinyCLIP training (0 = leave as is)")
-    parameterisation: str = opt("full", "hypernetwork W: 'full' or 'lowrank'")
-    rank: int = opt(32, "rank r of the 'lowrank' parameterisation")
-    hidden: int = opt(256, "hypernetwork MLP hidden width")
-    hyper_steps: int = opt(2000, "hypernetwork training episodes (one category each)")
-    hyper_lr: float = opt(1e-3, "hypernetwork learning rate")
-    images_per_subclass: int = opt(16, "m: images per subclass in an episode (class-balanced sampler)")
-    temperature: float = opt(0.1, "tau of the StableRep and alignment losses")
-    align_weight: float = opt(0.1, "omega: weight of the i2t + t2i alignment loss")
-    templates: tuple[str, ...] = opt(DEFAULT_TEMPLATES, "prompt templates averaged into each subclass text embedding")
-    heldout_per_category: int = opt(2, "subclasses per category held out of training for the generalisation test")
-    n_queries: int = opt(1000, "test images used as retrieval queries (the gallery is all test images)")
-    kmeans_n_init: int = opt(1, "k-means restarts (k-means++ init) per clustering")
-    seed: int = opt(0, "seed for data, training and k-means")
+    epochs: int = opt(10, "TinyCLIP training epochs", ge=1, le=100_000)
+    batch_size: int = opt(128, "TinyCLIP global batch size", ge=1, le=65536)
+    lr: float = opt(2e-3, "TinyCLIP peak learning rate", gt=0, le=10)
+    temperature_lr: float = opt(1e-2, "TinyCLIP learnable temperature's learning rate", ge=0, le=10)
+    warmup_steps: int = opt(100, "TinyCLIP linear warmup steps", ge=0, le=10**9)
+    weight_decay: float = opt(0.1, "TinyCLIP AdamW weight decay (matrices only)", ge=0, le=10)
+    procs: int = opt(1, "TinyCLIP CPU training processes (torchrun DDP when > 1; one per GPU under CUDA)", ge=1, le=256)
+    threads: int = opt(0, "torch threads of in-process TinyCLIP training (0 = leave as is)", ge=0, le=1024)
+    parameterisation: str = opt("full", "hypernetwork W: 'full' or 'lowrank'", choices=("full", "lowrank"))
+    rank: int = opt(32, "rank r of the 'lowrank' parameterisation", ge=1, le=65536)
+    hidden: int = opt(256, "hypernetwork MLP hidden width", ge=1, le=65536)
+    hyper_steps: int = opt(2000, "hypernetwork training episodes (one category each)", ge=1, le=10**8)
+    hyper_lr: float = opt(1e-3, "hypernetwork learning rate", gt=0, le=10)
+    images_per_subclass: int = opt(16, "m: images per subclass in an episode (class-balanced sampler)", ge=2, le=4096)
+    temperature: float = opt(0.1, "tau of the StableRep and alignment losses", gt=0, le=100)
+    align_weight: float = opt(0.1, "omega: weight of the i2t + t2i alignment loss", ge=0, le=1000)
+    templates: tuple[str, ...] = opt(DEFAULT_TEMPLATES, "prompt templates averaged into each subclass text embedding",
+                                     check="template", min_len=1)
+    heldout_per_category: int = opt(2, "subclasses per category held out of training for the generalisation test",
+                                    ge=0, le=1000)
+    n_queries: int = opt(1000, "test images used as retrieval queries (the gallery is all test images)", ge=1, le=10**7)
+    kmeans_n_init: int = opt(1, "k-means restarts (k-means++ init) per clustering", ge=1, le=1000)
+    seed: int = opt(0, "seed for data, training and k-means", ge=0, le=2**32 - 1)
 
 
 def load_preset(quick: bool) -> ControlEmbedShapesRecipe:
@@ -356,26 +358,32 @@ def _figures(out: Path, r: dict, data_dir: Path) -> None:
     plt.close(fig)
 
 
-def run(out: Path, quick: bool = False, force: bool = False, cfg: ControlEmbedShapesRecipe | None = None,
-        stages: str | Path | None = None) -> Path:
-    cfg = cfg or load_preset(quick)
-    runner = Runner(out, force=force, stages=stages)
-    t_start = time.perf_counter()
+def stage_keys(cfg: ControlEmbedShapesRecipe) -> dict[str, dict]:
+    """The keys of the data and train stages (a shipped checkpoint is found by its train key)."""
+    from vlctl.encoders import get_config
 
     data_key = {"n_train": cfg.n_train, "n_test": cfg.n_test, "image_size": cfg.image_size, "seed": cfg.seed,
                 "shapes": config_to_dict(ShapesConfig())}
+    clip_fields = ("model", "epochs", "batch_size", "lr", "temperature_lr", "warmup_steps", "weight_decay", "procs")
+    # The architecture itself, not only its name: editing a config JSON must retrain.
+    train_key = {"data": data_key, **{f: getattr(cfg, f) for f in clip_fields},
+                 "architecture": config_to_dict(get_config(cfg.model))}
+    return {"data": data_key, "train": train_key}
+
+
+def run(out: Path, quick: bool = False, force: bool = False, cfg: ControlEmbedShapesRecipe | None = None,
+        stages: str | Path | None = None, from_scratch: bool = False) -> Path:
+    cfg = cfg or load_preset(quick)
+    runner = Runner(out, force=force, stages=stages, from_scratch=from_scratch)
+    t_start = time.perf_counter()
+    keys = stage_keys(cfg)
+    data_key, train_key = keys["data"], keys["train"]
 
     def make_data(work: Path) -> None:
         generate_shapes(ShapesConfig(n=cfg.n_train, seed=cfg.seed, split="train", image_size=cfg.image_size), work / "train")
         generate_shapes(ShapesConfig(n=cfg.n_test, seed=cfg.seed, split="test", image_size=cfg.image_size), work / "test")
 
     data_dir = runner.stage("data", data_key, make_data)
-    clip_fields = ("model", "epochs", "batch_size", "lr", "temperature_lr", "warmup_steps", "weight_decay", "procs")
-    # The architecture itself, not only its name: editing a config JSON must retrain.
-    from vlctl.encoders import get_config
-
-    train_key = {"data": data_key, **{f: getattr(cfg, f) for f in clip_fields},
-                 "architecture": config_to_dict(get_config(cfg.model))}
     train_dir = runner.stage("train", train_key, lambda w, r: _train(cfg, data_dir / "train", w, r), resumable=True)
     embed_key = {**train_key, "templates": list(cfg.templates)}
     emb_dir = runner.stage("embed", embed_key, lambda w: _embed(cfg, train_dir / "model", data_dir, w))

@@ -34,18 +34,18 @@ QUICK_TARGETS = {"digit": 85.0, "color": 98.0, "thickthinning": 80.0, "swelling"
 
 @dataclasses.dataclass(frozen=True)
 class MadClipRecipe:
-    n_train: int = opt(40000, "training images")
-    n_test: int = opt(5000, "held-out images (disjoint source glyphs)")
+    n_train: int = opt(40000, "training images", ge=1, le=10**7)
+    n_test: int = opt(5000, "held-out images (disjoint source glyphs)", ge=1, le=10**7)
     model: str = opt("mad-quick", "TinyCLIP config name")
-    epochs: int = opt(8, "training epochs")
-    batch_size: int = opt(256, "global batch size")
-    lr: float = opt(2e-3, "peak learning rate of the weights")
-    temperature_lr: float = opt(1e-2, "learning rate of the learnable temperature")
-    warmup_steps: int = opt(100, "linear warmup steps")
-    weight_decay: float = opt(0.1, "AdamW weight decay (matrices only)")
+    epochs: int = opt(8, "training epochs", ge=1, le=100_000)
+    batch_size: int = opt(256, "global batch size", ge=1, le=65536)
+    lr: float = opt(2e-3, "peak learning rate of the weights", gt=0, le=10)
+    temperature_lr: float = opt(1e-2, "learning rate of the learnable temperature", ge=0, le=10)
+    warmup_steps: int = opt(100, "linear warmup steps", ge=0, le=10**9)
+    weight_decay: float = opt(0.1, "AdamW weight decay (matrices only)", ge=0, le=10)
     procs: int = opt(2, "CPU training processes (torchrun DDP, one thread each; 1 = in-process); "
-                     "with CUDA, one process per GPU instead")
-    seed: int = opt(0, "seed for data and training")
+                     "with CUDA, one process per GPU instead", ge=1, le=256)
+    seed: int = opt(0, "seed for data and training", ge=0, le=2**32 - 1)
 
 
 def load_preset(quick: bool) -> MadClipRecipe:
@@ -179,20 +179,27 @@ Every headline number in report.md / results.json is recomputed from these files
 """
 
 
+def stage_keys(cfg: MadClipRecipe) -> dict[str, dict]:
+    """The keys of the data and train stages (a shipped checkpoint is found by its train key)."""
+    from vlctl.encoders import get_config
+
+    data_key = {"n_train": cfg.n_train, "n_test": cfg.n_test, "seed": cfg.seed, "mad": config_to_dict(MadConfig())}
+    # The architecture itself, not only its name: editing a config JSON in place must retrain.
+    train_key = {"data": data_key, "recipe": config_to_dict(cfg), "architecture": config_to_dict(get_config(cfg.model))}
+    return {"data": data_key, "train": train_key}
+
+
 def clip_stages(runner: Runner, cfg: MadClipRecipe) -> tuple[Path, Path, Path, dict]:
     """The data -> train -> embed stages (shared with recipes built on this CLIP, e.g. tevi-mad).
     Returns (data_dir with train/ and test/, train_dir with model/, embed_dir, train stage key)."""
-    data_key = {"n_train": cfg.n_train, "n_test": cfg.n_test, "seed": cfg.seed, "mad": config_to_dict(MadConfig())}
+    keys = stage_keys(cfg)
+    data_key, train_key = keys["data"], keys["train"]
 
     def make_data(work: Path) -> None:
         generate_mad(MadConfig(n=cfg.n_train, seed=cfg.seed, split="train"), work / "train")
         generate_mad(MadConfig(n=cfg.n_test, seed=cfg.seed + 1, split="test"), work / "test")
 
     data_dir = runner.stage("data", data_key, make_data)
-    from vlctl.encoders import get_config
-
-    # The architecture itself, not only its name: editing a config JSON in place must retrain.
-    train_key = {"data": data_key, "recipe": config_to_dict(cfg), "architecture": config_to_dict(get_config(cfg.model))}
     train_dir = runner.stage("train", train_key, lambda w, r: _train(cfg, data_dir / "train", w, r), resumable=True)
     embed_key = {**train_key, "prompts_per_class": PROMPTS_PER_CLASS}
     embed_dir = runner.stage("embed", embed_key, lambda w: _embed(train_dir / "model", data_dir / "test", w))
@@ -200,9 +207,9 @@ def clip_stages(runner: Runner, cfg: MadClipRecipe) -> tuple[Path, Path, Path, d
 
 
 def run(out: Path, quick: bool = False, force: bool = False, cfg: MadClipRecipe | None = None,
-        stages: Path | None = None) -> Path:
+        stages: Path | None = None, from_scratch: bool = False) -> Path:
     cfg = cfg or load_preset(quick)
-    runner = Runner(out, force=force, stages=stages)
+    runner = Runner(out, force=force, stages=stages, from_scratch=from_scratch)
     t_start = time.perf_counter()
     data_dir, _train_dir, embed_dir, _ = clip_stages(runner, cfg)
 

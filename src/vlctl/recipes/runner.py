@@ -6,23 +6,29 @@ depends on (its config and the keys of the stages it reads). A finished stage ho
 re-running the recipe finds it and skips the work. Stages are built in `<dir>.partial/` and
 renamed when they finish, so an interrupted stage is never mistaken for a finished one; a
 resumable stage (training) picks its `.partial/` directory up again.
+
+Shipped checkpoints. The train stages of the `--quick` presets are committed under
+`recipes/checkpoints/<name>-<key>/` (their `done.json` and `model/`, listed with their hashes in
+`checkpoints/manifest.json`), so `make demo` runs every method, evaluation and report on trained
+models in minutes. A stage that is not finished in STAGES but is shipped with the same directory
+name (so the same key) is copied from there, after its files are checked against the manifest.
+`from_scratch=True` (`vlctl reproduce --from-scratch`, also implied by `--force`) never reads them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlctl.io import VlctlError, atomic_write_json, read_json, sha256_json
-
-
-def _say(line: str) -> None:
-    print(f"[vlctl] {line}", file=sys.stderr, flush=True)
+from vlctl.io import VlctlError, atomic_write_json, read_json
+from vlctl.progress import heartbeat
+from vlctl.progress import say as _say
+from vlctl.recipes.shipped import SHIPPED, copy_shipped, shipped_manifest, stage_dir_name
 
 
 class Runner:
@@ -30,18 +36,18 @@ class Runner:
     took, and whether it was reused from an earlier run or resumed from its checkpoint."""
 
     def __init__(self, out: str | Path, force: bool = False, stages: str | Path | None = None,
-                 verbose: bool = True):
+                 verbose: bool = True, from_scratch: bool = False, shipped: Path = SHIPPED):
         self.out = Path(out)
         self.stages = Path(stages) if stages is not None else self.out / "stages"
         self.force = force
         self.verbose = verbose
+        self.shipped = None if (from_scratch or force) else Path(shipped)
         self.timings: dict[str, dict[str, Any]] = {}
 
     def stage(self, name: str, key: dict, fn: Callable[..., Any], resumable: bool = False) -> Path:
         """Run `fn(workdir)` (or `fn(workdir, resume)` when resumable) unless a finished stage
         with the same key exists; return the stage directory."""
-        digest = sha256_json({"stage": name, **key})[:12]
-        final = self.stages / f"{name}-{digest}"
+        final = self.stages / stage_dir_name(name, key)
         partial = final.with_name(final.name + ".partial")
         if self.force:
             shutil.rmtree(final, ignore_errors=True)
@@ -52,6 +58,17 @@ class Runner:
             if self.verbose:
                 _say(f"stage {name}: reused {final} (computed in {done['seconds']:.0f} s)")
             return final
+        entry = shipped_manifest(self.shipped).get(final.name) if self.shipped is not None else None
+        if entry is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+            copy_shipped(self.shipped / final.name, entry, key, partial)
+            os.replace(partial, final)
+            self.timings[name] = {"seconds": entry["seconds"], "cached": True, "shipped": True}
+            if self.verbose:
+                _say(f"stage {name}: the shipped checkpoint (trained in {entry['seconds']:.0f} s; "
+                     "--from-scratch retrains it)")
+            return final
         resume = resumable and partial.is_dir()
         if not resume:
             shutil.rmtree(partial, ignore_errors=True)
@@ -59,7 +76,8 @@ class Runner:
         if self.verbose:
             _say(f"stage {name}: {'resuming from its checkpoint' if resume else 'started'}")
         t0 = time.perf_counter()
-        fn(partial, resume) if resumable else fn(partial)
+        with heartbeat(f"stage {name}") if self.verbose else contextlib.nullcontext():
+            fn(partial, resume) if resumable else fn(partial)
         seconds = time.perf_counter() - t0
         if self.verbose:
             _say(f"stage {name}: done in {seconds:.1f} s")

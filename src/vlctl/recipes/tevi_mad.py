@@ -1,4 +1,4 @@
-"""Recipe `tevi-mad`: TEVI's controlled experiments on MAD (METHODS.md §1; paper Tables A1/A2).
+"""Recipe `tevi-mad`: TEVI's controlled experiments on MAD (docs/methods.md §1; paper Tables A1/A2).
 
 Stages: mad-clip's data -> train -> embed (shared: the same CLIP, found in a shared stage cache)
 -> embed-train (training images and captions) -> sae (learned TopK SAE) and cg-sae (CLIP-guided,
@@ -45,30 +45,32 @@ PAPER_CONDITIONING = {
 
 @dataclasses.dataclass(frozen=True)
 class TeviMadRecipe:
-    sae_k: int = opt(12, "learned SAE: active latents K (paper, MAD: 12)")
-    sae_expansion: int = opt(4, "learned SAE: d1 = expansion * d (paper, MAD: 1-4)")
-    sae_aux_k: int = opt(18, "learned SAE: AuxK dead latents (paper, MAD: 18)")
-    sae_epochs: int = opt(100, "learned SAE: epochs (paper, MAD: 200)")
-    sae_lr: float = opt(1e-2, "SAE learning rate (paper, MAD: 1e-2)")
-    sae_batch_size: int = opt(512, "SAE batch size")
+    sae_k: int = opt(12, "learned SAE: active latents K (paper, MAD: 12)", ge=1, le=2**24)
+    sae_expansion: int = opt(4, "learned SAE: d1 = expansion * d (paper, MAD: 1-4)", ge=1, le=1024)
+    sae_aux_k: int = opt(18, "learned SAE: AuxK dead latents (paper, MAD: 18)", ge=0, le=2**24)
+    sae_epochs: int = opt(100, "learned SAE: epochs (paper, MAD: 200)", ge=1, le=100_000)
+    sae_lr: float = opt(1e-2, "SAE learning rate (paper, MAD: 1e-2)", gt=0, le=10)
+    sae_batch_size: int = opt(512, "SAE batch size", ge=1, le=2**20)
     cg_k: int = opt(8, "CG-SAE: active latents (6 categories; on MAD K=6 lost fracture in the reconstruction "
-                    "and K=12 leaked color into not-in-caption edits, measured)")
-    cg_epochs: int = opt(30, "CG-SAE: epochs")
-    mask_hidden: int = opt(512, "mask MLP hidden width")
-    mask_temperature: float = opt(0.2, "mask sigmoid temperature (1 = plain sigmoid)")
+                    "and K=12 leaked color into not-in-caption edits, measured)", ge=1, le=2**24)
+    cg_epochs: int = opt(30, "CG-SAE: epochs", ge=1, le=100_000)
+    mask_hidden: int = opt(512, "mask MLP hidden width", ge=1, le=16384)
+    mask_temperature: float = opt(0.2, "mask sigmoid temperature (1 = plain sigmoid)", gt=0, le=100)
     mask_floor: float = opt(0.2, "mask values below this are zeroed at inference; 0.2 is the smallest of 0, 0.1, "
                             "0.2, 0.3 that brings the not-in-caption excess under 10.5 on the TRAINING embeddings "
-                            "of both presets' CLIPs (measured)")
-    mask_epochs: int = opt(10, "mask training epochs")
-    mask_lr: float = opt(1e-3, "mask learning rate")
-    mask_batch_size: int = opt(256, "mask training batch size")
-    conditioning: str = opt("positive", "positive (Eq. 10, the paper's MAD setting) | negative (Eq. 11)")
-    headline: str = opt("cg", "the variant whose numbers fill results.conditioning and arrays/conditioning.npz")
-    rerank_k: int = opt(100, "TEVI-rerank: re-score CLIP's top k")
-    sweep_k: tuple[int, ...] = opt((4, 6, 12), "SAE sweep: values of K")
-    sweep_expansion: tuple[int, ...] = opt((1, 4), "SAE sweep: expansion factors")
-    sweep_epochs: int = opt(30, "SAE sweep: epochs per fit")
-    seed: int = opt(0, "seed of the SAE/mask fits and of the leakage permutation")
+                            "of both presets' CLIPs (measured)", ge=0, lt=1)
+    mask_epochs: int = opt(10, "mask training epochs", ge=1, le=100_000)
+    mask_lr: float = opt(1e-3, "mask learning rate", gt=0, le=10)
+    mask_batch_size: int = opt(256, "mask training batch size", ge=1, le=16384)
+    conditioning: str = opt("positive", "positive (Eq. 10, the paper's MAD setting) | negative (Eq. 11)",
+                            choices=("positive", "negative", "both"))
+    headline: str = opt("cg", "the variant whose numbers fill results.conditioning and arrays/conditioning.npz",
+                        choices=VARIANTS)
+    rerank_k: int = opt(100, "TEVI-rerank: re-score CLIP's top k", ge=1, le=10**6)
+    sweep_k: tuple[int, ...] = opt((4, 6, 12), "SAE sweep: values of K", ge=1, le=2**24)
+    sweep_expansion: tuple[int, ...] = opt((1, 4), "SAE sweep: expansion factors", ge=1, le=1024)
+    sweep_epochs: int = opt(30, "SAE sweep: epochs per fit", ge=1, le=100_000)
+    seed: int = opt(0, "seed of the SAE/mask fits and of the leakage permutation", ge=0, le=2**32 - 1)
 
     def __post_init__(self):
         if self.headline not in VARIANTS:
@@ -233,10 +235,11 @@ def _cg_probe(cg_sae_dir: Path, test_emb, img_vals, out: Path) -> tuple[dict, np
 
 
 def run(out: Path, quick: bool = False, force: bool = False, cfg: TeviMadRecipe | None = None,
-        clip_cfg: mad_clip.MadClipRecipe | None = None, stages: Path | None = None) -> Path:
+        clip_cfg: mad_clip.MadClipRecipe | None = None, stages: Path | None = None,
+        from_scratch: bool = False) -> Path:
     cfg = cfg or load_preset(quick)
     clip_cfg = clip_cfg or mad_clip.load_preset(quick)
-    runner = Runner(out, force=force, stages=stages)
+    runner = Runner(out, force=force, stages=stages, from_scratch=from_scratch)
     t_start = time.perf_counter()
     data_dir, train_dir, embed_dir, train_key = mad_clip.clip_stages(runner, clip_cfg)
     encoder_id = read_json(embed_dir / "encoder.json")["encoder_id"]

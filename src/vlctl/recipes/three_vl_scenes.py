@@ -1,4 +1,4 @@
-"""Recipe `3vl-scenes`: 3VL (METHODS.md §3) on procedural compositional scenes.
+"""Recipe `3vl-scenes`: 3VL (docs/methods.md §3) on procedural compositional scenes.
 
 Stages: data (train / finetune / test scenes + VL-CheckList-format test files) -> base (TinyCLIP
 with a word-level text tower, trained contrastively on the train split) -> trees (3VL caption
@@ -73,36 +73,38 @@ FRACTIONS = tuple(round(0.1 * k, 1) for k in range(11))
 
 @dataclasses.dataclass(frozen=True)
 class ThreeVLScenesRecipe:
-    n_train: int = opt(8000, "train-split scenes (base pre-training)")
-    n_finetune: int = opt(3000, "finetune-split scenes (LoRA fine-tuning)")
-    n_test: int = opt(500, "test-split scenes (one checklist item per scene and category at most)")
-    image_size: int = opt(32, "image side (the TinyCLIP config's image_size)")
+    n_train: int = opt(8000, "train-split scenes (base pre-training)", ge=1, le=10**7)
+    n_finetune: int = opt(3000, "finetune-split scenes (LoRA fine-tuning)", ge=1, le=10**7)
+    n_test: int = opt(500, "test-split scenes (one checklist item per scene and category at most)", ge=1, le=10**7)
+    image_size: int = opt(32, "image side (the TinyCLIP config's image_size)", ge=24, le=1024)
     model: str = opt("scenes-quick", "TinyCLIP config name (word-level text tower over the scenes vocabulary)")
-    base_epochs: int = opt(8, "base pre-training epochs")
-    base_batch_size: int = opt(128, "base pre-training batch size")
-    base_lr: float = opt(1e-3, "base pre-training peak lr (2e-3 sometimes never leaves the initial plateau)")
-    temperature_lr: float = opt(1e-2, "base pre-training temperature lr")
-    base_warmup_steps: int = opt(50, "base pre-training warmup steps")
+    base_epochs: int = opt(8, "base pre-training epochs", ge=1, le=100_000)
+    base_batch_size: int = opt(128, "base pre-training batch size", ge=1, le=65536)
+    base_lr: float = opt(1e-3, "base pre-training peak lr (2e-3 sometimes never leaves the initial plateau)",
+                         gt=0, le=10)
+    temperature_lr: float = opt(1e-2, "base pre-training temperature lr", ge=0, le=10)
+    base_warmup_steps: int = opt(50, "base pre-training warmup steps", ge=0, le=10**9)
     patch_dropout: float = opt(0.5, "probability of a patch-dropout batch in base pre-training and every fine-tuning "
-                               "(FLIP-style; makes the tiny ViT robust to token removal)")
-    ft_epochs: int = opt(4, "fine-tuning epochs (same for every mode)")
-    ft_batch_size: int = opt(64, "fine-tuning batch size")
-    ft_lr: float = opt(5e-3, "LoRA learning rate")
-    ft_warmup_steps: int = opt(20, "fine-tuning warmup steps")
-    rank: int = opt(4, "LoRA rank")
-    lora_alpha: float = opt(4.0, "LoRA alpha")
-    towers: str = opt("both", "towers with LoRA adapters: 'both', 'visual' or 'text'")
-    alpha: float = opt(0.5, "3VL weight of L_tree")
-    level_reduction: str = opt("sum", "tree levels: 'sum' (paper) or 'mean' (authors' code)")
-    max_levels: int = opt(8, "tree levels kept per caption")
-    max_negatives: int = opt(8, "negatives kept per tree level")
-    n_relevancy: int = opt(60, "items per category for token-removal curves and deletion tests")
-    removal_fraction: float = opt(0.65, "Anchor token removal fraction (tree_anchor_tr)")
-    deletion_fraction: float = opt(0.5, "fraction of patches removed in the deletion test")
-    n_expansion: int = opt(10, "failing items per model given a tree-node expansion")
-    threads: int = opt(2, "torch threads (0 = leave as is)")
-    workers: int = opt(2, "data generation processes")
-    seed: int = opt(0, "seed of data, training and negatives")
+                               "(FLIP-style; makes the tiny ViT robust to token removal)", ge=0, le=1)
+    ft_epochs: int = opt(4, "fine-tuning epochs (same for every mode)", ge=1, le=100_000)
+    ft_batch_size: int = opt(64, "fine-tuning batch size", ge=1, le=4096)
+    ft_lr: float = opt(5e-3, "LoRA learning rate", gt=0, le=10)
+    ft_warmup_steps: int = opt(20, "fine-tuning warmup steps", ge=0, le=10**9)
+    rank: int = opt(4, "LoRA rank", ge=1, le=1024)
+    lora_alpha: float = opt(4.0, "LoRA alpha", gt=0, le=10_000)
+    towers: str = opt("both", "towers with LoRA adapters: 'both', 'visual' or 'text'",
+                      choices=("both", "visual", "text"))
+    alpha: float = opt(0.5, "3VL weight of L_tree", ge=0, le=1)
+    level_reduction: str = opt("sum", "tree levels: 'sum' (paper) or 'mean' (authors' code)", choices=("sum", "mean"))
+    max_levels: int = opt(8, "tree levels kept per caption", ge=1, le=1000)
+    max_negatives: int = opt(8, "negatives kept per tree level", ge=1, le=1000)
+    n_relevancy: int = opt(60, "items per category for token-removal curves and deletion tests", ge=1, le=10**6)
+    removal_fraction: float = opt(0.65, "Anchor token removal fraction (tree_anchor_tr)", ge=0, le=1)
+    deletion_fraction: float = opt(0.5, "fraction of patches removed in the deletion test", ge=0, le=1)
+    n_expansion: int = opt(10, "failing items per model given a tree-node expansion", ge=0, le=10**6)
+    threads: int = opt(2, "torch threads (0 = leave as is)", ge=0, le=1024)
+    workers: int = opt(2, "data generation processes", ge=1, le=256)
+    seed: int = opt(0, "seed of data, training and negatives", ge=0, le=2**32 - 1)
 
 
 def load_preset(quick: bool) -> ThreeVLScenesRecipe:
@@ -448,7 +450,7 @@ def _figures(out: Path, r: dict, data_dir: Path, eval_dir: Path) -> list[str]:
     fig.savefig(fig_dir / "token_removal.png", dpi=120)
     plt.close(fig)
 
-    from vlctl.methods import relevancy as rel
+    from vlctl.report.overlays import save_map_grid
 
     arr = np.load(eval_dir / "eval.npz")
     test = load_scenes(data_dir / "test")
@@ -459,29 +461,38 @@ def _figures(out: Path, r: dict, data_dir: Path, eval_dir: Path) -> list[str]:
         if not len(rows):
             continue
         k = int(rows[0])
-        image = np.asarray(test["images"][int(arr["relevancy_item_index"][k])])
-        for name in ("base", "tree"):
-            for method in MAP_METHODS:
-                path = fig_dir / f"overlay_{cat}_{name}_{method}.png"
-                rel.save_overlay(image, arr[f"maps_{name}__{method}"][k], path)
-                overlays.append(path.name)
+        index = int(arr["relevancy_item_index"][k])
+        item = next((it for it in load_checklist(data_dir / "test", cat) if it["index"] == index), {})
+        image = np.asarray(test["images"][index])
+        maps = {name: {method: arr[f"maps_{name}__{method}"][k] for method in MAP_METHODS} for name in ("base", "tree")}
+        path = fig_dir / f"overlay_{cat}.png"
+        save_map_grid(path, image, maps, item.get("pos", ""), item.get("neg", ""),
+                      note=f"{cat}, test scene {index} ({image.shape[1]} px, shown with nearest-neighbour upscaling)")
+        overlays.append(path.name)
     return overlays
 
 
-def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLScenesRecipe | None = None,
-        stages: str | Path | None = None) -> Path:
-    cfg = cfg or load_preset(quick)
-    runner = Runner(out, force=force, stages=stages)
-    t_start = time.perf_counter()
+def stage_keys(cfg: ThreeVLScenesRecipe) -> dict[str, dict]:
+    """The keys of the data and base (training) stages (a shipped checkpoint is found by its key)."""
+    from vlctl.encoders import get_config
+
     data_key = {"recipe": "3vl-scenes", **{f: getattr(cfg, f) for f in ("n_train", "n_finetune", "n_test",
                                                                           "image_size", "seed")},
                 "scenes": config_to_dict(ScenesConfig())}
-    data_dir = runner.stage("data", data_key, lambda w: _data(cfg, w))
-    from vlctl.encoders import get_config
-
     base_key = {"data": data_key, "architecture": config_to_dict(get_config(cfg.model)),
                 **{f: getattr(cfg, f) for f in ("base_epochs", "base_batch_size", "base_lr", "temperature_lr",
                                                 "base_warmup_steps", "patch_dropout")}}
+    return {"data": data_key, "base": base_key}
+
+
+def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLScenesRecipe | None = None,
+        stages: str | Path | None = None, from_scratch: bool = False) -> Path:
+    cfg = cfg or load_preset(quick)
+    runner = Runner(out, force=force, stages=stages, from_scratch=from_scratch)
+    t_start = time.perf_counter()
+    keys = stage_keys(cfg)
+    data_key, base_key = keys["data"], keys["base"]
+    data_dir = runner.stage("data", data_key, lambda w: _data(cfg, w))
     base_dir = runner.stage("base", base_key, lambda w, r: _base(cfg, data_dir, w, r), resumable=True)
     trees_key = {"data": data_key, "vocabulary": list(vocabulary()), "generator": "vlctl.methods.trees"}
     trees_dir = runner.stage("trees", trees_key, lambda w: _trees(cfg, data_dir, w))

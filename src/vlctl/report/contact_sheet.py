@@ -2,6 +2,10 @@
 
     write_contact_sheet(["a.jpg", "b.png"], "out/cluster_00.png", title="cluster 0 · 12 images")
 
+Each thumbnail (default 128 px) has its file name under it (`names`; by default the file name of
+every image given as a path), shortened in the middle ("chelsea_…_01.jpg") to fit the tile; tiles
+narrower than MIN_NAMED_THUMB pixels, where a name would be a few letters, get none.
+
 Images may be file paths, PIL images, uint8 arrays (H, W, 3) or (H, W), or encoded bytes. An
 image that cannot be read (missing, corrupt, a decompression bomb) becomes a grey tile with a red
 cross: it is counted and named in the result, never an exception, so one bad file cannot stop a
@@ -25,7 +29,11 @@ _BACKGROUND = (255, 255, 255)
 _FAILED_TILE = (160, 160, 160)
 _MARKER = (200, 0, 0)
 _PAD = 2  # pixels between tiles
-_TITLE_H = 18  # height of one title line (PIL's default font is 10-11 px high)
+_TITLE_H = 18  # height of one title line
+_TITLE_PT, _NAME_PT = 13, 11  # font sizes (pixels) of the title and the file names
+_NAME_H = 15  # height of the name line under a tile
+MIN_NAMED_THUMB = 48
+DEFAULT_THUMB = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,13 +106,43 @@ def _wrap(title: str, width_px: int, text_width) -> list[str]:
     return lines
 
 
+def _fit_name(name: str, width_px: int, text_width) -> str:
+    """`name`, or its start and end around an ellipsis, no wider than width_px."""
+    if text_width(name) <= width_px:
+        return name
+    stem, dot, ext = name.rpartition(".")
+    tail = f"{dot}{ext}" if dot and len(ext) <= 5 else ""
+    body = stem if tail else name
+    keep = len(body)
+    while keep > 1:
+        keep -= 1
+        cand = f"{body[: (keep + 1) // 2]}\u2026{body[len(body) - keep // 2:] if keep // 2 else ''}{tail}"
+        if text_width(cand) <= width_px:
+            return cand
+    return "\u2026" + tail if text_width("\u2026" + tail) <= width_px else "\u2026"
+
+
+def _default_names(images: Sequence[Any]) -> list[str | None]:
+    return [Path(x).name if isinstance(x, (str, os.PathLike)) else None for x in images]
+
+
+def _font(size: int):
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1: the fixed bitmap font
+        return ImageFont.load_default()
+
+
 def write_contact_sheet(
     images: Sequence[Any],
     path: str | os.PathLike,
     title: str = "",
-    thumb: int = 96,
+    thumb: int = DEFAULT_THUMB,
     cols: int = 8,
     max_pixels: int | None = None,
+    names: Sequence[str | None] | None = None,
 ) -> ContactSheet:
     """Write a PNG grid of thumbnails with a title band above it, atomically.
 
@@ -114,6 +152,8 @@ def write_contact_sheet(
         path: the PNG to write (parent directories are created).
         title: text above the grid, wrapped to the sheet width.
         thumb: each tile is thumb x thumb pixels; images are scaled to fit, aspect kept, centred.
+        names: the text under each tile (None entries: none); default: the file name of each
+            image given as a path. Not drawn on tiles under MIN_NAMED_THUMB pixels.
         cols: tiles per row (fewer when there are fewer images).
         max_pixels: refuse images with more pixels than this (default: vlctl's decompression-bomb
             limit, PIL's).
@@ -121,7 +161,7 @@ def write_contact_sheet(
     Returns:
         ContactSheet(path, n_images, size, unreadable) with unreadable = [(position, reason)].
     """
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
 
     from vlctl.images import DEFAULT_MAX_PIXELS
 
@@ -130,17 +170,22 @@ def write_contact_sheet(
     if not isinstance(cols, int) or cols < 1:
         raise VlctlError(f"contact sheet: cols must be a positive integer, got {cols!r}")
     images = list(images)
+    names = _default_names(images) if names is None else [None if n is None else str(n) for n in names]
+    if len(names) != len(images):
+        raise VlctlError(f"contact sheet: {len(names)} names for {len(images)} images")
     n_cols = max(1, min(cols, len(images)))
     n_rows = -(-len(images) // n_cols)
     width = n_cols * thumb + (n_cols + 1) * _PAD
-    font = ImageFont.load_default()
+    font, name_font = _font(_TITLE_PT), _font(_NAME_PT)
     lines = _wrap(title, width - 2 * _PAD - 2, font.getlength) if title else []
     top = len(lines) * _TITLE_H + (_PAD if lines else 0)
-    height = top + n_rows * thumb + (n_rows + 1) * _PAD
+    named = thumb >= MIN_NAMED_THUMB and any(names)
+    pitch = thumb + (_NAME_H if named else 0) + _PAD  # one row of tiles (and names)
+    height = top + n_rows * pitch + _PAD
     sheet = Image.new("RGB", (width, height), _BACKGROUND)
     draw = ImageDraw.Draw(sheet)
     for i, line in enumerate(lines):
-        draw.text((_PAD + 1, _PAD + i * _TITLE_H + 3), line, fill=(0, 0, 0), font=font)
+        draw.text((_PAD + 1, _PAD + i * _TITLE_H + 2), line, fill=(0, 0, 0), font=font)
     unreadable: list[tuple[int, str]] = []
     for i, item in enumerate(images):
         try:
@@ -150,8 +195,12 @@ def write_contact_sheet(
             tile = _failed_tile(thumb)
         r, c = divmod(i, n_cols)
         x0 = _PAD + c * (thumb + _PAD) + (thumb - tile.size[0]) // 2
-        y0 = top + _PAD + r * (thumb + _PAD) + (thumb - tile.size[1]) // 2
+        y0 = top + _PAD + r * pitch + (thumb - tile.size[1]) // 2
         sheet.paste(tile, (x0, y0))
+        if named and names[i]:
+            label = _fit_name(names[i], thumb - 2, name_font.getlength)
+            xl = _PAD + c * (thumb + _PAD) + (thumb - name_font.getlength(label)) / 2
+            draw.text((xl, top + _PAD + r * pitch + thumb + 1), label, fill=(40, 40, 40), font=name_font)
     buf = io.BytesIO()
     sheet.save(buf, format="PNG", optimize=False)
     out = atomic_write_bytes(path, buf.getvalue())

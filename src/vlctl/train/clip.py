@@ -10,6 +10,7 @@ the weights' small lr it barely moves and learning crawls (calibrated on MAD).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vlctl.config import config_to_dict, opt
+from vlctl.config import config_to_dict, opt, validate_config
 from vlctl.encoders import tiny_clip
 from vlctl.io import VlctlError
 from vlctl.train.loop import LoopConfig, TrainResult, default_param_groups, sample_rng, train
@@ -27,8 +28,12 @@ from vlctl.train.loop import LoopConfig, TrainResult, default_param_groups, samp
 @dataclasses.dataclass(frozen=True)
 class ClipTrainConfig:
     model: str = opt("mad-quick", "TinyCLIP config name (encoders/configs/NAME.json) or path to a config JSON")
-    temperature_lr: float = opt(1e-2, "learning rate of the learnable temperature (its own param group)")
-    shift_pixels: int = opt(2, "random translation augmentation, in pixels (0 = off); seeded per (epoch, index)")
+    temperature_lr: float = opt(1e-2, "learning rate of the learnable temperature (its own param group)", ge=0, le=10)
+    shift_pixels: int = opt(2, "random translation augmentation, in pixels (0 = off); seeded per (epoch, index)",
+                            ge=0, le=64)
+
+    def __post_init__(self) -> None:
+        validate_config(self)  # every field in its declared range (the opt() above)
 
 
 def train_clip(
@@ -135,19 +140,6 @@ def train_clip_arrays(
                  param_groups=groups, resume=resume, run_config=run_config, device=device)
 
 
-def die_with_parent() -> None:
-    """`preexec_fn` of a child process: the kernel sends it SIGTERM when this process dies, however
-    it dies (Linux's PR_SET_PDEATHSIG), so a killed recipe leaves no training behind; torchrun
-    stops its ranks on SIGTERM. Elsewhere a no-op."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def launch_clip_training(
     data_dir: str | Path, out_dir: str | Path, cfg: ClipTrainConfig, loop: LoopConfig, procs: int, resume: bool = False
 ) -> None:
@@ -155,8 +147,6 @@ def launch_clip_training(
     process otherwise), or with one rank per GPU when CUDA is available. On CPU, two single-thread
     data-parallel ranks beat one two-thread process (measured)."""
     import os
-    import subprocess
-    import sys
 
     from vlctl.config import config_to_flags
 
@@ -165,7 +155,57 @@ def launch_clip_training(
         train_clip(data_dir, out_dir, cfg, loop, resume=resume)
         return
     loop = dataclasses.replace(loop, threads=1)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}",
-           "-m", "vlctl", "train", "clip", "--data", str(data_dir), "--out", str(out_dir),
-           *config_to_flags(cfg), *config_to_flags(loop)] + (["--resume"] if resume else [])
-    subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=die_with_parent)
+    args = ["--standalone", f"--nproc_per_node={procs}", "-m", "vlctl", "train", "clip", "--data", str(data_dir),
+            "--out", str(out_dir), *config_to_flags(cfg), *config_to_flags(loop)] + (["--resume"] if resume else [])
+    run_child("torch.distributed.run", args, env={**os.environ, "OMP_NUM_THREADS": "1"},
+              what=f"training into {out_dir}")
+
+
+# Run in the child before the module: ask the kernel for SIGTERM when the parent dies, however it
+# dies (Linux's PR_SET_PDEATHSIG; torchrun stops its ranks on SIGTERM), and exit at once if the
+# parent already died before that. Done after exec, not in a preexec_fn, which is unsafe in a
+# process with threads (the runner's heartbeat).
+_CHILD_PRELUDE = """
+import ctypes, os, runpy, signal, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))
+except (OSError, AttributeError):
+    pass
+if os.getppid() != int(os.environ["VLCTL_PARENT_PID"]):
+    sys.exit(143)
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def run_child(module: str, args: list[str], env: dict[str, str], what: str) -> None:
+    """Run `python -m module args` (torchrun) to completion as a child that dies with this process.
+
+    The child gets its own process group, so Ctrl-C reaches only this process, which then stops
+    the whole group with SIGTERM and re-raises: one clean "interrupted" line instead of a
+    KeyboardInterrupt traceback from every rank. A failed child has already printed its one-line
+    error; this raises a VlctlError naming what failed.
+    """
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-c", _CHILD_PRELUDE, module, *args]
+    child = subprocess.Popen(cmd, env={**env, "VLCTL_PARENT_PID": str(os.getpid())}, start_new_session=True)
+
+
+    try:
+        rc = child.wait()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGTERM)
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        raise
+    if rc != 0:
+        raise VlctlError(f"{what} failed (exit code {rc}; the error is printed above)")

@@ -30,11 +30,13 @@ contrastive loss over the whole global batch gathers features with `all_gather_w
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import functools
 import io
 import json
 import math
+import os
 import random
 import time
 import warnings
@@ -45,9 +47,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from tqdm.auto import tqdm
 
-from vlctl.config import config_to_dict, opt
+from vlctl.config import config_to_dict, opt, validate_config
 from vlctl.io import (
     VlctlError,
     atomic_dir,
@@ -55,34 +56,44 @@ from vlctl.io import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
+    locked,
     read_json,
+    recover_dir,
+    sha256_file,
     sha256_json,
 )
+from vlctl.progress import progress_bar
 from vlctl.train.distributed import all_gather_object, all_reduce_mean, barrier, init_distributed, is_main
 
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
-    epochs: int = opt(1, "passes over the dataset")
-    batch_size: int = opt(256, "GLOBAL batch size: split evenly over DDP ranks")
-    lr: float = opt(1e-3, "peak learning rate (default for param groups that set none)")
-    weight_decay: float = opt(0.1, "AdamW decoupled weight decay (default groups: >=2-d params only)")
-    betas: tuple[float, float] = opt((0.9, 0.98), "AdamW betas")
-    eps: float = opt(1e-6, "AdamW epsilon")
-    warmup_steps: int = opt(0, "steps of linear learning-rate warmup before the cosine decay")
-    min_lr_ratio: float = opt(0.0, "cosine floor as a fraction of each group's peak lr")
-    grad_clip: float = opt(0.0, "clip the global gradient norm to this value (0 = off)")
-    seed: int = opt(0, "seed for data order and torch/numpy/python RNGs")
-    checkpoint_every: int = opt(0, "write a checkpoint every this many steps (0 = only at the end)")
-    log_every: int = opt(10, "steps between log.jsonl lines and progress-bar updates")
-    threads: int = opt(0, "torch.set_num_threads per process (0 = leave as is)")
+    epochs: int = opt(1, "passes over the dataset", ge=1, le=100_000)
+    batch_size: int = opt(256, "GLOBAL batch size: split evenly over DDP ranks", ge=1, le=65536)
+    lr: float = opt(1e-3, "peak learning rate (default for param groups that set none)", gt=0, le=10)
+    weight_decay: float = opt(0.1, "AdamW decoupled weight decay (default groups: >=2-d params only)", ge=0, le=10)
+    betas: tuple[float, float] = opt((0.9, 0.98), "AdamW betas", ge=0, lt=1)
+    eps: float = opt(1e-6, "AdamW epsilon", gt=0, le=1)
+    warmup_steps: int = opt(0, "steps of linear learning-rate warmup before the cosine decay", ge=0, le=10**9)
+    min_lr_ratio: float = opt(0.0, "cosine floor as a fraction of each group's peak lr", ge=0, le=1)
+    grad_clip: float = opt(0.0, "clip the global gradient norm to this value (0 = off)", ge=0, le=1e6)
+    seed: int = opt(0, "seed for data order and torch/numpy/python RNGs", ge=0, le=2**32 - 1)
+    checkpoint_every: int = opt(0, "write a checkpoint every this many steps (0 = only at the end)", ge=0, le=10**9)
+    log_every: int = opt(10, "steps between log.jsonl lines and progress-bar updates", ge=1, le=10**9)
+    threads: int = opt(0, "torch.set_num_threads per process (0 = leave as is)", ge=0, le=1024)
     progress: bool = opt(True, "show a tqdm progress bar (rank 0 only)")
     drop_last: bool = opt(True, "drop the last incomplete batch of each epoch")
 
+    def __post_init__(self) -> None:
+        validate_config(self)  # every field in its declared range (the opt() above)
+
 
 # Fields that change only speed or logging, never the trained weights: a run may be resumed with
-# other values for them. Every other field must match the checkpoint.
+# other values for them. Every other field must match the checkpoint. (`threads` is free as a
+# field, but the thread count it leads to is checked: see `train`.)
 _RESUME_FREE = frozenset({"checkpoint_every", "log_every", "progress", "threads"})
+CHECKPOINT_FORMAT = "vlctl.checkpoint/1"
+_CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt")  # their sha256 are in state.json, checked on resume
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +159,20 @@ def default_param_groups(model: torch.nn.Module, weight_decay: float) -> list[di
     return [g for g in groups if g["params"]]
 
 
+def _one_writer(fn: Callable) -> Callable:
+    """Hold the lock of the run directory (`out_dir`) for the whole of `fn`, on rank 0, the one
+    that writes: a second run into the same directory waits, or fails under --no-wait."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        rank0 = os.environ.get("RANK", "0") == "0"  # before init_distributed, so not is_main()
+        with locked(kwargs["out_dir"]) if rank0 else contextlib.nullcontext():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_one_writer
 def train(
     model: torch.nn.Module,
     *,
@@ -167,8 +192,10 @@ def train(
     param_groups: AdamW groups {"params", "lr", "weight_decay"}; omitted keys default to `cfg`.
         Default: `default_param_groups`. Every trainable parameter must be in a group.
     resume: continue from `out_dir/checkpoint/`, refusing one written with another loop config,
-        param groups, run_config or model. Without `resume`, an existing checkpoint is refused
-        rather than overwritten.
+        param groups, run_config, model or intra-op thread count (float sums are not the same
+        with 1 and 2 threads, so such a resume would not repeat the uninterrupted run), or whose
+        weight files are not the ones its state.json hashes. Without `resume`, an existing
+        checkpoint is refused rather than overwritten.
     run_config: the caller's model/data config (JSON-able); recorded and checked on resume.
     device: "cpu", "cuda" or None (CUDA when available). The model and batches are moved there.
     stop_after_steps: stop (with a checkpoint) once this many steps are done in total, as a
@@ -199,6 +226,7 @@ def train(
         # Hyperparameters only: the optimizer state itself refuses regrouped parameters on load.
         "param_groups": [{"lr": g["lr"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups],
         "run": json.loads(json.dumps(run_config or {})),  # tuples -> lists, as they come back from JSON
+        "threads": torch.get_num_threads(),  # the results depend on it (summation order)
     }
     schedule = functools.partial(
         lr_multiplier, warmup_steps=cfg.warmup_steps, total_steps=total_steps, min_lr_ratio=cfg.min_lr_ratio
@@ -206,6 +234,7 @@ def train(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
     step, last_loss = 0, None
+    recover_dir(ckpt_dir)  # a checkpoint swap killed between its two renames
     if resume:
         step, last_loss = _load_checkpoint(
             ckpt_dir, model, optimizer, scheduler, setup, dist.rank, dist.world_size, dist.device
@@ -217,11 +246,14 @@ def train(
 
     net = model
     if dist.world_size > 1:
+        # A 1x1 convolution's weight (C, C', 1, 1) gets its gradient with strides (C', 1, C', C')
+        # where DDP's bucket has (C', 1, 1, 1): the same bytes in the same order (strides of size-1
+        # dimensions are arbitrary), yet the reducer warns at every step. Nothing to act on.
+        warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
         net = DistributedDataParallel(model, device_ids=[dist.local_rank] if dist.device.type == "cuda" else None)
 
-    bar = tqdm(
-        total=total_steps, initial=step, unit="step", dynamic_ncols=True, disable=not (cfg.progress and is_main())
-    )
+    bar = progress_bar(total=total_steps, initial=step, desc="train", unit="step",
+                       disable=not (cfg.progress and is_main()))
     samples_done, t_start = 0, time.perf_counter()
     window = _Window(dist.device)
     order = None
@@ -360,7 +392,8 @@ def _truncate_log(path: Path, step: int) -> None:
 def _compared_setup(setup: dict) -> dict:
     """The part of the setup that determines the trained weights (what resume must match)."""
     loop = {k: v for k, v in setup["loop"].items() if k not in _RESUME_FREE}
-    return {"loop": loop, "param_groups": setup["param_groups"], "run": setup["run"]}
+    threads = {"threads": setup["threads"]} if "threads" in setup else {}  # absent: written before it was
+    return {"loop": loop, "param_groups": setup["param_groups"], "run": setup["run"], **threads}
 
 
 def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
@@ -402,6 +435,7 @@ def _save_checkpoint(ckpt_dir, model, optimizer, scheduler, step, per_epoch, set
     if is_main():
         epoch, step_in_epoch = divmod(step, per_epoch)
         state = {
+            "format": CHECKPOINT_FORMAT,
             "step": step,
             "epoch": epoch,
             "step_in_epoch": step_in_epoch,
@@ -413,13 +447,23 @@ def _save_checkpoint(ckpt_dir, model, optimizer, scheduler, step, per_epoch, set
         }
         buf = io.BytesIO()
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, buf)
-        with atomic_dir(ckpt_dir) as tmp:
+        with atomic_dir(ckpt_dir, kind=("state.json", CHECKPOINT_FORMAT, None), legacy=_old_checkpoint) as tmp:
             # Copies: safetensors refuses tensors that share memory (tied weights).
             weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
             atomic_save_safetensors(tmp / "model.safetensors", weights, metadata={"step": str(step)})
             atomic_write_bytes(tmp / "optimizer.pt", buf.getvalue())
-            atomic_write_json(tmp / "state.json", state)
+            state["files"] = {name: sha256_file(tmp / name) for name in _CHECKPOINT_FILES}
+            atomic_write_json(tmp / "state.json", state)  # last: the marker
     barrier()  # nobody runs ahead (or returns) before the checkpoint is on disk
+
+
+def _old_checkpoint(path: Path) -> bool:
+    """A checkpoint of a vlctl before CHECKPOINT_FORMAT: state.json with a step and a setup."""
+    try:
+        state = read_json(path / "state.json")
+    except VlctlError:
+        return False
+    return isinstance(state, dict) and "format" not in state and {"step", "setup"} <= set(state)
 
 
 def _load_checkpoint(
@@ -431,6 +475,8 @@ def _load_checkpoint(
         raise VlctlError(f"{state_path}: no checkpoint to resume from; train without resume first")
     state = read_json(state_path, "checkpoint state")
     try:
+        if "threads" not in state["setup"]:  # written before the thread count was recorded
+            setup = {k: v for k, v in setup.items() if k != "threads"}
         old, new = _flatten(_compared_setup(state["setup"])), _flatten(_compared_setup(setup))
         step, loss, rng = int(state["step"]), state["loss"], state["rng"]
     except (KeyError, TypeError, ValueError) as e:
@@ -441,10 +487,13 @@ def _load_checkpoint(
         if old.get(k) != new.get(k)
     ]
     if changed:
+        hint = " (threads: pass --threads with the checkpoint's count)" if old.get("threads") != new.get("threads") \
+            else ""
         raise VlctlError(
-            f"{state_path}: the checkpoint was trained with another configuration; changed: {', '.join(changed)}. "
-            "Resume with the original configuration or train into a new out_dir."
+            f"{state_path}: the checkpoint was trained with another configuration; changed: {', '.join(changed)}"
+            f"{hint}. Resume with the original configuration or train into a new out_dir."
         )
+    _check_files(ckpt_dir, state)
 
     _load_weights(ckpt_dir / "model.safetensors", model)
     opt_path = ckpt_dir / "optimizer.pt"
@@ -463,6 +512,30 @@ def _load_checkpoint(
             "so random layers (dropout) will not repeat the uninterrupted run exactly"
         )
     return step, loss
+
+
+def _check_files(ckpt_dir: Path, state: dict) -> int:
+    """Refuse a checkpoint whose weight files are not those its state.json hashes (another run's
+    model.safetensors copied in, a corrupted file); returns the bytes checked."""
+    size = 0
+    for name, digest in (state.get("files") or {}).items():
+        file = ckpt_dir / name
+        if not file.is_file() or sha256_file(file) != digest:
+            raise VlctlError(f"{file}: not the file {ckpt_dir / 'state.json'} was written with (missing, or its "
+                             "sha256 differs: replaced or corrupted); resume from an intact checkpoint")
+        size += file.stat().st_size
+    return size
+
+
+def verify_checkpoint(ckpt_dir: str | Path) -> dict:
+    """The full check of a checkpoint directory (`vlctl verify`): {"files", "bytes"}."""
+    ckpt_dir = Path(ckpt_dir)
+    recover_dir(ckpt_dir)
+    state = read_json(ckpt_dir / "state.json", "checkpoint state")
+    if not isinstance(state, dict) or not state.get("files"):
+        raise VlctlError(f"{ckpt_dir / 'state.json'}: records no file hashes (written by an older vlctl); nothing "
+                         "to verify against")
+    return {"files": len(state["files"]), "bytes": _check_files(ckpt_dir, state)}
 
 
 def _load_weights(path: Path, model: torch.nn.Module) -> None:

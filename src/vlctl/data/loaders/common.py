@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from vlctl.io import VlctlError
+from vlctl.io import VlctlError, read_text_utf8
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 ON_MISSING = ("error", "skip")
@@ -65,6 +66,12 @@ class ImageTextData:
         return out
 
 
+def _show(value: Any) -> str:
+    from vlctl.config import shorten
+
+    return shorten(repr(value))
+
+
 def _build(
     name: str, root: str | os.PathLike | None, per_image: Iterable[tuple[str, Sequence[str], dict]], on_missing: str
 ) -> ImageTextData:
@@ -72,6 +79,9 @@ def _build(
     if on_missing not in ON_MISSING:
         raise VlctlError(f"on_missing must be one of {ON_MISSING}, got {on_missing!r}")
     rows = list(per_image)
+    for i, (p, _, _) in enumerate(rows):
+        if not isinstance(p, str) or not p:  # e.g. "image": 123 in an annotation file
+            raise VlctlError(f"{name}: item {i}: the image path must be a non-empty string, got {_show(p)}")
     root_path = Path(root) if root is not None else None
     missing: list[str] = []
     if root_path is not None:
@@ -139,7 +149,7 @@ def _read_table(path: Path, sep: str | None = None) -> tuple[list[str], list[dic
         raise VlctlError(f"{path}: annotation file not found")
     if path.suffix.lower() in (".jsonl", ".jsonlines", ".ndjson"):
         rows, cols = [], {}
-        for n, line in enumerate(path.read_text("utf-8").splitlines(), 1):
+        for n, line in enumerate(read_text_utf8(path, "annotation file").splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -151,15 +161,18 @@ def _read_table(path: Path, sep: str | None = None) -> tuple[list[str], list[dic
             rows.append(row)
             cols.update(dict.fromkeys(row))
         return list(cols), rows
-    with open(path, newline="", encoding="utf-8") as f:
+    with io.StringIO(read_text_utf8(path, "annotation file"), newline="") as f:
         reader = csv.DictReader(f, delimiter=_sniff_sep(path, sep))
-        if not reader.fieldnames:
-            raise VlctlError(f"{path}: empty file (no header row)")
-        rows = []
-        for n, row in enumerate(reader, 2):
-            if None in row:
-                raise VlctlError(f"{path}:{n}: more fields than the header's {len(reader.fieldnames)}")
-            rows.append(row)
+        try:
+            if not reader.fieldnames:
+                raise VlctlError(f"{path}: empty file (no header row)")
+            rows = []
+            for n, row in enumerate(reader, 2):
+                if None in row:
+                    raise VlctlError(f"{path}:{n}: more fields than the header's {len(reader.fieldnames)}")
+                rows.append(row)
+        except csv.Error as e:
+            raise VlctlError(f"{path}:{reader.line_num}: not a readable CSV/TSV ({e})") from None
         return list(reader.fieldnames), rows
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from vlctl.data.loaders.common import (
     _build,
 )
-from vlctl.io import VlctlError, read_json
+from vlctl.io import VlctlError, read_json, read_text_utf8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +107,7 @@ def load_vl_checklist_corpus(
         checkout, name = Path(*parts[:i]), "/".join(parts[i + 1 :])[: -len(".yaml")]
         name = name.removeprefix("v1/")
         try:
-            spec = yaml.safe_load(f.read_text())
+            spec = yaml.safe_load(read_text_utf8(f, "corpus yaml"))
         except (OSError, yaml.YAMLError) as e:
             raise VlctlError(f"{f}: unreadable corpus yaml ({e})") from None
         if not isinstance(spec, dict) or not isinstance(spec.get("ANNO_PATH"), str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import os
 from pathlib import Path
@@ -19,7 +20,7 @@ from vlctl.data.loaders.common import (
     _pick,
     _read_table,
 )
-from vlctl.io import VlctlError, read_json
+from vlctl.io import VlctlError, read_json, read_text_utf8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +204,7 @@ def load_stanford40(
         f = splits_dir / f"{s}.txt"
         if not f.is_file():
             raise VlctlError(f"{f}: Stanford 40 split file not found (expected ROOT/ImageSplits/{s}.txt)")
-        for n, line in enumerate(f.read_text("utf-8").splitlines(), 1):
+        for n, line in enumerate(read_text_utf8(f, "Stanford 40 split file").splitlines(), 1):
             if line.strip():
                 name = line.strip()
                 try:
@@ -215,7 +216,7 @@ def load_stanford40(
         raise VlctlError(f"{splits_dir}: an image is listed twice in the split files")
     actions_file = splits_dir / "actions.txt"
     if actions_file.is_file():
-        known = {ln.split()[0] for ln in actions_file.read_text("utf-8").splitlines()[1:] if ln.strip()}
+        known = {ln.split()[0] for ln in read_text_utf8(actions_file, "actions file").splitlines()[1:] if ln.strip()}
         unknown = sorted({stanford40_action(n) for n, _ in names} - known)
         if unknown:
             raise VlctlError(f"{actions_file}: actions {unknown[:_SHOW]} of the split files are not listed there")
@@ -263,7 +264,7 @@ def _read_tsv_big(path: Path) -> tuple[list[str], list[dict]]:
     old = csv.field_size_limit()
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with io.StringIO(read_text_utf8(path, "TSV file"), newline="") as f:
             reader = csv.DictReader(f, delimiter="\t")
             if not reader.fieldnames:
                 raise VlctlError(f"{path}: empty file (no header row)")
