@@ -65,7 +65,7 @@ def reproduce_args(p: argparse.ArgumentParser) -> None:
 def reproduce(args: argparse.Namespace) -> dict:
     import time
 
-    from vlctl.progress import say
+    from vlctl.progress import heartbeat, say
     from vlctl.recipes import RECIPES, run_recipe
 
     names = sorted(RECIPES) if args.name == "all" else [args.name]
@@ -80,8 +80,9 @@ def reproduce(args: argparse.Namespace) -> dict:
     reports = {}
     for name in names:
         out = Path(args.out) / name if args.name == "all" else Path(args.out)
-        reports[name] = str(run_recipe(name, out, quick=args.quick, force=args.force, stages=stages,
-                                       from_scratch=args.from_scratch))
+        with heartbeat(name):  # between stages too: evaluation and the report
+            reports[name] = str(run_recipe(name, out, quick=args.quick, force=args.force, stages=stages,
+                                           from_scratch=args.from_scratch))
         say(f"{name}: report at {reports[name]}")
     say(f"done in {(time.perf_counter() - t0) / 60:.1f} min; reports:")
     for name, path in reports.items():

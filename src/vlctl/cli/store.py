@@ -100,13 +100,10 @@ def _load_query_embedding(path: str):
     return q
 
 
-def _tevi_reranker(spec: str, store):
-    """`tevi:DIR` -> a Reranker from a saved TEVI (refused unless fitted on the store's encoder)."""
+def _tevi_reranker(path: str, store):
+    """The TEVI directory of `--rerank tevi:DIR` -> a Reranker (refused unless fitted on the store's encoder)."""
     from vlctl.methods.tevi import TEVI
 
-    kind, _, path = spec.partition(":")
-    if kind != "tevi" or not path:
-        raise VlctlError(f"--rerank {spec!r}: expected tevi:DIR (a directory written by `vlctl fit tevi`)")
     return TEVI.load(path, encoder_id=store.encoder_id).store_reranker()
 
 
@@ -133,7 +130,7 @@ def search(args: argparse.Namespace) -> dict:
             if args.rerank:
                 kw = {"reranker": _tevi_reranker(args.rerank, store), "candidates": args.rerank_candidates}
             result = store.search_texts(encoder, [args.text], k=args.k, **kw)
-            query = {"text": args.text, **({"rerank": args.rerank} if args.rerank else {})}
+            query = {"text": args.text, **({"rerank": f"tevi:{args.rerank}"} if args.rerank else {})}
         else:
             image = read_image(args.image)
             pre = getattr(encoder, "preprocess_pil", None)
@@ -238,15 +235,12 @@ def search_args(p: argparse.ArgumentParser) -> None:
 
 
 def _rerank_spec(text: str) -> str:
-    """`--rerank tevi:DIR`, DIR an existing directory."""
-    import os
-
+    """`--rerank tevi:DIR` -> DIR, as a path that `check_paths` finds to be a directory after parsing."""
+    from vlctl.cli.args import PathArg
     from vlctl.config import shorten
 
     kind, _, path = text.partition(":")
     if kind != "tevi" or not path:
         raise argparse.ArgumentTypeError(f"must be tevi:DIR (a directory written by `vlctl fit tevi`), got "
                                          f"{shorten(repr(text))}")
-    if not os.path.isdir(path):
-        raise argparse.ArgumentTypeError(f"{shorten(path)}: TEVI directory not found")
-    return text
+    return PathArg(path, "in", "dir", "TEVI directory")
