@@ -10,6 +10,7 @@ seconds unless a progress line was printed in between.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import time
@@ -35,7 +36,10 @@ def say(line: str) -> None:
 
 
 def on_terminal() -> bool:
-    return sys.stderr.isatty()
+    """Whether stderr is a terminal; VLCTL_TERMINAL=1/0 says so for a child whose stderr is a pipe
+    forwarded to one (a recipe's torchrun)."""
+    told = os.environ.get("VLCTL_TERMINAL")
+    return told == "1" if told in ("0", "1") else sys.stderr.isatty()
 
 
 class LineProgress:

@@ -182,22 +182,36 @@ def run_child(module: str, args: list[str], env: dict[str, str], what: str) -> N
     """Run `python -m module args` (torchrun) to completion as a child that dies with this process.
 
     The child gets its own process group, so Ctrl-C reaches only this process, which then stops
-    the whole group with SIGTERM and re-raises: one clean "interrupted" line instead of a
-    KeyboardInterrupt traceback from every rank. A failed child has already printed its one-line
-    error; this raises a VlctlError naming what failed.
+    the whole group with SIGTERM and re-raises: one clean "interrupted" line. The child's output
+    is forwarded through this process, and dropped once it is being stopped, because torchrun
+    answers SIGTERM with a traceback. (It is told whether our stderr is a terminal, so it still
+    draws a progress bar there.) A failed child has already printed its one-line error; this
+    raises a VlctlError naming what failed.
     """
     import os
     import signal
     import subprocess
     import sys
+    import threading
 
     cmd = [sys.executable, "-c", _CHILD_PRELUDE, module, *args]
-    child = subprocess.Popen(cmd, env={**env, "VLCTL_PARENT_PID": str(os.getpid())}, start_new_session=True)
+    env = {**env, "VLCTL_PARENT_PID": str(os.getpid()), "VLCTL_TERMINAL": "1" if sys.stderr.isatty() else "0"}
+    child = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    stopping = threading.Event()
 
+    def forward() -> None:
+        fd = child.stdout.fileno()
+        while chunk := os.read(fd, 1 << 16):
+            if not stopping.is_set():
+                sys.stderr.buffer.write(chunk)
+                sys.stderr.flush()
 
+    forwarder = threading.Thread(target=forward, daemon=True)
+    forwarder.start()
     try:
         rc = child.wait()
     except BaseException:
+        stopping.set()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(child.pid, signal.SIGTERM)
         try:
@@ -207,5 +221,8 @@ def run_child(module: str, args: list[str], env: dict[str, str], what: str) -> N
                 os.killpg(child.pid, signal.SIGKILL)
             child.wait()
         raise
+    finally:
+        forwarder.join(timeout=5)
+        child.stdout.close()
     if rc != 0:
         raise VlctlError(f"{what} failed (exit code {rc}; the error is printed above)")
