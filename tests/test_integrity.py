@@ -179,3 +179,21 @@ def test_a_checkpoint_of_an_older_vlctl_still_resumes(tmp_path):
     state_path.write_text(json.dumps(state))
     _, result = _fit(tmp_path / "run", resume=True)
     assert result.steps == 8
+
+
+@pytest.mark.parametrize("edit", [{"shards": 5}, {"count": "3"}, {"shards": [{"rows": "x"}]},
+                                  {"texts": {"count": 0, "shards": 7}}])
+def test_a_manifest_with_wrong_field_types_is_one_error(tmp_path, edit):
+    """A hand-edited manifest whose shard list or count has the wrong type is refused by name."""
+    import json
+
+    from vlctl.embeddings.manifest import read_manifest
+    from vlctl.embeddings.store import create_store
+
+    path = tmp_path / "s"
+    create_store(path, dim=4, encoder_id="enc@0")
+    doc = json.loads((path / "manifest.json").read_text())
+    doc.update(edit)
+    (path / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(VlctlError, match=r"manifest\.json: corrupt store manifest, field (texts\.)?(shards|count)"):
+        read_manifest(path)

@@ -87,12 +87,27 @@ def read_manifest(path: Path) -> dict:
         raise VlctlError(f"{path / MANIFEST}: corrupt store manifest, missing field(s) {missing}")
     if manifest["format"] != FORMAT and manifest["format"] not in OLD_FORMATS:
         raise VlctlError(f"{path / MANIFEST}: format {manifest['format']!r}, this vlctl reads {FORMAT!r}")
+    _check_shard_list(path / MANIFEST, manifest, "")
+    texts = manifest.get("texts", {"count": 0, "shards": []})
+    _check_shard_list(path / MANIFEST, texts, "texts.")
     if sum(s["rows"] for s in manifest["shards"]) != manifest["count"]:
         raise VlctlError(f"{path / MANIFEST}: shard rows do not add up to count={manifest['count']}")
-    texts = manifest.get("texts", {"count": 0, "shards": []})
     if sum(s["rows"] for s in texts["shards"]) != texts["count"]:
         raise VlctlError(f"{path / MANIFEST}: text shard rows do not add up to texts.count={texts['count']}")
     return manifest
+
+
+def _check_shard_list(where: Path, part: object, prefix: str) -> None:
+    """`count` an integer and `shards` a list of {"rows": integer, ...}, or one line naming the field."""
+    def is_int(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    if not isinstance(part, dict) or not is_int(part.get("count")):
+        raise VlctlError(f"{where}: corrupt store manifest, field {prefix}count must be a non-negative integer")
+    shards = part.get("shards")
+    if not isinstance(shards, list) or not all(isinstance(x, dict) and is_int(x.get("rows")) for x in shards):
+        raise VlctlError(f"{where}: corrupt store manifest, field {prefix}shards must be a list of "
+                         '{"rows": integer, ...} entries')
 
 
 def is_empty(manifest: dict) -> bool:
