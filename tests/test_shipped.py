@@ -7,14 +7,13 @@ evaluates the models `--from-scratch` would train), their encoder ids must name 
 
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 
 import pytest
 
 from vlctl.io import VlctlError, read_json, sha256_file
-from vlctl.recipes import RECIPES, _load
+from vlctl.recipes import RECIPES
 from vlctl.recipes.runner import Runner
 from vlctl.recipes.shipped import SHIPPED, expected_stages, shipped_manifest, stage_dir_name
 
@@ -97,7 +96,23 @@ def test_a_good_shipped_stage_is_copied_and_recorded_as_shipped(tmp_path):
     assert other.timings["train"]["cached"] is False
 
 
-def test_every_recipe_passes_from_scratch_to_its_runner():
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("from_scratch", [False, True])
+def test_every_recipe_passes_from_scratch_to_its_runner(tmp_path, monkeypatch, from_scratch):
+    """run_recipe(from_scratch=...) reaches each recipe's Runner (stopped there, before any stage)."""
+    from vlctl.recipes import run_recipe
+
+    seen = []
+
+    def record(self, *args, **kwargs):
+        seen.append(kwargs.get("from_scratch"))
+        raise _Stop
+
+    monkeypatch.setattr(Runner, "__init__", record)
     for name in RECIPES:
-        src = inspect.getsource(_load(name))
-        assert "from_scratch: bool = False" in src and "from_scratch=from_scratch" in src, name
+        with pytest.raises(_Stop):
+            run_recipe(name, tmp_path / name, quick=True, from_scratch=from_scratch)
+    assert seen == [from_scratch] * len(RECIPES)

@@ -18,10 +18,11 @@ import fcntl
 import os
 import shutil
 import signal
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from vlctl.progress import say
 
 
 class VlctlError(Exception):
@@ -39,11 +40,6 @@ class LockBusyError(VlctlError):
 class DiskFullError(VlctlError):
     """No space left on the device (ENOSPC or a full quota) for a write; the message names the
     path and the bytes it needs."""
-
-
-def say(line: str) -> None:
-    """One line on stderr, `[vlctl] ...`."""
-    print(f"[vlctl] {line}", file=sys.stderr, flush=True)
 
 
 # --- the output policy: --overwrite and --no-wait ------------------------------------------------

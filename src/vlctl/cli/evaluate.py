@@ -84,7 +84,8 @@ def reproduce(args: argparse.Namespace) -> dict:
             reports[name] = str(run_recipe(name, out, quick=args.quick, force=args.force, stages=stages,
                                            from_scratch=args.from_scratch))
         say(f"{name}: report at {reports[name]}")
-    say(f"done in {(time.perf_counter() - t0) / 60:.1f} min; reports:")
+    seconds = time.perf_counter() - t0
+    say(f"done in {seconds / 60:.1f} min; reports:")
     for name, path in reports.items():
         print(f"  {name}: {path}", file=sys.stderr)
-    return {"reports": reports, "seconds": round(time.perf_counter() - t0, 1)}
+    return {"reports": reports, "seconds": round(seconds, 1)}

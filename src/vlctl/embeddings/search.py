@@ -8,8 +8,6 @@ product), "ivfpq" (inverted lists + product quantisation, trained on the first a
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
 
 import numpy as np
 
@@ -124,13 +122,3 @@ def normalise(x: np.ndarray, what: str, divide: bool = True) -> np.ndarray:
     if (norms == 0).any():
         raise VlctlError(f"{what}: row {int(np.flatnonzero(norms[:, 0] == 0)[0])} is all zeros (cannot normalise)")
     return x / norms
-
-
-def write_index(index, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    faiss_module().write_index(index, str(tmp))
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
