@@ -19,6 +19,7 @@ from typing import Any
 
 EVERY_S = 30.0
 _last_line = [0.0]  # time.monotonic() of the last progress line printed by this process
+_beating: list[object] = []  # the open heartbeats, innermost last: only that one prints
 
 
 def _duration(seconds: float) -> str:
@@ -99,16 +100,19 @@ def progress_bar(total: int | None = None, desc: str = "", unit: str = "it", ini
 @contextlib.contextmanager
 def heartbeat(label: str, every: float = EVERY_S) -> Iterator[None]:
     """Print `label: running, <elapsed>` every `every` s while the block runs, unless another
-    progress line was printed in the meantime (in a terminal a bar shows it)."""
+    progress line was printed in the meantime (in a terminal a bar shows it). Nested heartbeats
+    (a recipe's around its stages') print only the innermost one: one line says what is running."""
     stop = threading.Event()
     t0 = time.monotonic()
+    token = object()
 
     def beat() -> None:
         while not stop.wait(min(every, 5.0)):
             now = time.monotonic()
-            if now - max(_last_line[0], t0) >= every:
+            if _beating and _beating[-1] is token and now - max(_last_line[0], t0) >= every:
                 say(f"{label}: running, {_duration(now - t0)}")
 
+    _beating.append(token)
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
     try:
@@ -116,3 +120,4 @@ def heartbeat(label: str, every: float = EVERY_S) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
+        _beating.remove(token)
