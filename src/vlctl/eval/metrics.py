@@ -315,7 +315,9 @@ def mean_average_precision(
         # counts below, so where they land (even inside a tie group) changes nothing.
         rel &= valid
 
-        order = np.argsort(-block, axis=1, kind="stable")
+        # Any order within a tie group gives the same counts at its end, so the sort need not be
+        # stable (numpy's default sort is about 2x faster than its stable one here).
+        order = np.argsort(-block, axis=1)
         s_sorted = np.take_along_axis(block, order, axis=1)
         rel_sorted = np.take_along_axis(rel, order, axis=1)
         tp = np.cumsum(rel_sorted, axis=1)
