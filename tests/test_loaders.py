@@ -345,3 +345,17 @@ def test_clevr4_annotations(tmp_path):
     assert load_clevr4(tmp_path, split="train", check_images=False).n_images == 2
     with pytest.raises(VlctlError, match=r"no images in split 'test'; the file has splits \['train', 'val'\]"):
         load_clevr4(tmp_path, split="test")
+
+
+def test_clevr4_reads_a_vlctl_data_shapes_folder(tmp_path):
+    """`vlctl data shapes --write-png` names its images with the extension ("shapes_train_000000.png");
+    the loader finds images/<name> then, images/<name>.png for the release's bare names."""
+    from vlctl.data.loaders import load_clevr4
+    from vlctl.data.shapes import ShapesConfig, generate_shapes
+
+    out = generate_shapes(ShapesConfig(n=3, seed=0, split="train", image_size=16, write_png=True, workers=1),
+                          tmp_path / "shapes")
+    data = load_clevr4(out, split="train")
+    assert data.images == [f"images/shapes_train_00000{i}.png" for i in range(3)]
+    assert all((out / p).is_file() for p in data.images) and {"color", "shape", "texture", "count"} <= set(
+        data.image_fields[0])

@@ -121,6 +121,26 @@ class ExtractResult:
         return len(self.ok) / self.seconds if self.seconds > 0 else float("inf")
 
 
+# --- mixed precision --------------------------------------------------------------------------
+
+
+def autocast_context(encoder: Any, precision: str | None) -> contextlib.AbstractContextManager:
+    """bf16 / fp16 autocast around an encoder's forward pass when `precision` asks for it.
+
+    None or "fp32": nothing. An encoder that autocasts by itself (OpenCLIP / HF built with a
+    `precision`) is left to do so; any other (TinyCLIP) runs under torch.autocast on its device.
+    Embeddings come out float32 either way (`_check_output` casts).
+    """
+    if precision in (None, "fp32"):
+        return contextlib.nullcontext()
+    from vlctl.encoders.open_clip_encoder import autocast_for, check_precision
+
+    check_precision(precision)
+    if getattr(encoder, "precision", "fp32") != "fp32":
+        return contextlib.nullcontext()
+    return autocast_for(_device_of(encoder), precision)
+
+
 # --- arrays (generated sets, in-memory images) ----------------------------------------------
 
 
@@ -163,15 +183,17 @@ def _preprocess_batch(encoder: Any, batch: np.ndarray) -> torch.Tensor:
     return torch.stack([encoder.preprocess(im) for im in batch])
 
 
-def embed_text_list(encoder: Any, texts: list[str], out: np.ndarray, batch_size: int, progress: bool) -> None:
-    """Embed `texts` in batches into `out` (len(texts), dim), L2-normalised, in input order."""
+def embed_text_list(encoder: Any, texts: list[str], out: np.ndarray, batch_size: int, progress: bool,
+                    precision: str | None = None) -> None:
+    """Embed `texts` in batches into `out` (len(texts), dim), L2-normalised, in input order
+    (`precision`: see `autocast_context`)."""
     device, dim = _device_of(encoder), out.shape[1]
     with progress_bar(total=len(texts), desc="embed texts", unit="text", disable=not progress) as bar:
         for i in range(0, len(texts), batch_size):
             batch = texts[i : i + batch_size]
             # The tokenizer's VlctlError (e.g. a caption over the context length) passes through.
             tokens = encoder.tokenize(batch).to(device)
-            with torch.inference_mode():
+            with torch.inference_mode(), autocast_context(encoder, precision):
                 emb = encoder.encode_texts(tokens, normalize=True)
             out[i : i + len(batch)] = _check_output(emb, len(batch), dim, encoder.id, "encode_texts")
             bar.update(len(batch))
@@ -202,7 +224,8 @@ def embed_image_array(encoder: Any, images: Any, n: int, out: np.ndarray, batch_
 
 
 def embed_image_files(
-    encoder: Any, paths: Sequence[str | os.PathLike], config: ExtractConfig | None = None, progress: bool = True
+    encoder: Any, paths: Sequence[str | os.PathLike], config: ExtractConfig | None = None, progress: bool = True,
+    precision: str | None = None,
 ) -> ExtractResult:
     """Embed image files in batches; bad files are skipped and listed, never fatal.
 
@@ -211,6 +234,7 @@ def embed_image_files(
         paths: image files.
         config: batch size, decoding workers, pixel limit.
         progress: a tqdm bar on stderr.
+        precision: None / "fp32", or "bf16" / "fp16" autocast (`autocast_context`).
     """
     config = config or ExtractConfig()
     start = time.perf_counter()
@@ -226,7 +250,7 @@ def embed_image_files(
         for idx, x, failed in loader:
             failures += failed
             if x is not None:
-                with torch.inference_mode():
+                with torch.inference_mode(), autocast_context(encoder, precision):
                     emb = encoder.encode_images(x, normalize=True)
                 out[idx.numpy()] = _check_output(emb, len(idx), dim, encoder.id, "encode_images")
                 got[idx.numpy()] = True

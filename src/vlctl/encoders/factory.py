@@ -78,7 +78,8 @@ def parse_spec(spec: str | os.PathLike) -> ParsedSpec:
         ):
             return ParsedSpec("tiny", spec)
         raise VlctlError(
-            f"unknown encoder spec {spec!r}; expected one of {list(SPEC_FORMS)} (or a saved TinyCLIP directory)"
+            f"unknown encoder spec {spec!r}; accepted encoder spec forms: {' | '.join(SPEC_FORMS)} "
+            "(or a saved TinyCLIP directory)"
         )
     body, seed = rest, None
     if "?" in rest:
@@ -122,6 +123,17 @@ def create(
         the architecture, a seed where weights are loaded; the message names the spec and the problem.
     """
     p = parse_spec(spec)
+    try:
+        return _create(spec, p, device, precision, batch_size)
+    except VlctlError as e:
+        if "accepted encoder spec forms" in str(e):
+            raise
+        # The kind's own reason first, then every form a spec may take: a user who guessed a
+        # form wrong sees at once what to write instead.
+        raise VlctlError(f"{e}; accepted encoder spec forms: {' | '.join(SPEC_FORMS)}") from None
+
+
+def _create(spec, p: ParsedSpec, device, precision: str, batch_size: int) -> Encoder:
     if p.kind == "open_clip":
         from vlctl.encoders.open_clip_encoder import create_open_clip_encoder, split_spec
 

@@ -38,6 +38,19 @@ from vlctl.encoders.base import FrontDoor, check_keep, eval_mode, seeded_init
 from vlctl.io import VlctlError, hash_state_dict
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+# OpenCLIP architectures that ship with vlctl (open_clip's config JSON format), for offline tests
+# and CPU smoke runs in any process: "open_clip:vlctl-tiny-vit" is a 2-layer ViT on 32 px images.
+BUNDLED_CONFIGS = Path(__file__).parent / "configs" / "open_clip"
+
+
+def register_bundled_configs() -> list[str]:
+    """Make the architectures in BUNDLED_CONFIGS known to open_clip (idempotent); their names."""
+    import open_clip
+
+    names = sorted(p.stem for p in BUNDLED_CONFIGS.glob("*.json"))
+    if names and not set(names) <= set(open_clip.list_models()):
+        open_clip.add_model_config(BUNDLED_CONFIGS)
+    return names
 
 
 def autocast_for(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -387,6 +400,7 @@ def create_open_clip_encoder(
     import open_clip
 
     check_precision(precision)
+    register_bundled_configs()
     has_schema = model_name.startswith(("hf-hub:", "local-dir:"))
     if model_name.startswith("local-dir:"):
         model_name = "local-dir:" + str(Path(model_name[len("local-dir:") :]).expanduser().resolve())

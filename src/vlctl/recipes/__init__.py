@@ -1,20 +1,36 @@
 """Paper reproductions, each a recipe run stage by stage (data -> train -> embed -> fit ->
-evaluate -> report) with cached stages. `vlctl reproduce NAME [--quick] --out DIR`."""
+evaluate -> report) with cached stages. `vlctl reproduce NAME [--quick] --out DIR`.
+
+Two kinds: the synthetic demo recipes (generated data, TinyCLIP trained here; `reproduce all`
+runs exactly these, `DEMO`) and the real recipes, which take an encoder spec and the datasets in
+their upstream layouts (`vlctl reproduce tevi-coco --encoder open_clip:... --coco-root ...`;
+their dataset flags come from `vlctl.recipes.real_data.REAL_RECIPES`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from vlctl.io import VlctlError
 
-# name -> module:function(out, quick, force, stages, from_scratch) -> Path of report.md
+# name -> module:function(out, quick, force, stages, from_scratch, **options) -> Path of report.md
 RECIPES: dict[str, str] = {
     "mad-clip": "vlctl.recipes.mad_clip:run",
     "controlembed-shapes": "vlctl.recipes.controlembed_shapes:run",
     "tevi-mad": "vlctl.recipes.tevi_mad:run",
     "3vl-scenes": "vlctl.recipes.three_vl_scenes:run",
+    "tevi-coco": "vlctl.recipes.tevi_coco:run",
+    "controlembed-clevr4": "vlctl.recipes.controlembed_real:run_clevr4",
+    "controlembed-stanford40": "vlctl.recipes.controlembed_real:run_stanford40",
+    "controlembed-shotbench": "vlctl.recipes.controlembed_real:run_shotbench",
+    "3vl-coco": "vlctl.recipes.three_vl_coco:run",
+    "3vl-lit": "vlctl.recipes.three_vl_lit:run",
 }
+# What `vlctl reproduce all` runs: the synthetic demo recipes only, in this order (tevi-mad
+# reuses mad-clip's CLIP). Every other recipe is run by name.
+DEMO: tuple[str, ...] = ("mad-clip", "controlembed-shapes", "tevi-mad", "3vl-scenes")
 
 
 def _load(name: str) -> Callable[..., Path]:
@@ -28,9 +44,10 @@ def _load(name: str) -> Callable[..., Path]:
 
 def run_recipe(
     name: str, out: str | Path, quick: bool = False, force: bool = False, stages: str | Path | None = None,
-    from_scratch: bool = False,
+    from_scratch: bool = False, **options: Any,
 ) -> Path:
     """Run recipe `name` into `out`. `stages`: where stage outputs are cached (default OUT/stages);
     recipes given the same `stages` reuse each other's identical stages (same key).
-    `from_scratch`: train every model instead of starting from the shipped checkpoints."""
-    return _load(name)(Path(out), quick=quick, force=force, stages=stages, from_scratch=from_scratch)
+    `from_scratch`: train every model instead of starting from the shipped checkpoints.
+    `options`: a real recipe's encoder=, data=, cfg=, encoder_run= (see its `run`)."""
+    return _load(name)(Path(out), quick=quick, force=force, stages=stages, from_scratch=from_scratch, **options)

@@ -145,8 +145,10 @@ def load_clevr4(
         splits = sorted({str(v.get("split")) for v in doc.values()})
         if split not in splits:
             raise VlctlError(f"{ann}: no images in split {split!r}; the file has splits {splits}")
+    # Names are written without the extension in the release and with it by `vlctl data shapes`
+    # ("shapes_train_000000.png"); both name images/<name>[.png].
     rows = (
-        (f"images/{name}.png", [], dict(doc[name]))
+        (f"images/{name}" if name.lower().endswith(IMAGE_EXTENSIONS) else f"images/{name}.png", [], dict(doc[name]))
         for name in sorted(doc)
         if split is None or doc[name].get("split") == split
     )

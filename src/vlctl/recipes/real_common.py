@@ -1,0 +1,185 @@
+"""What the real-data recipes share: the encoder they run, the embedding stage, its cache check
+and the one-line estimate printed before each heavy stage.
+
+Stage keys. Every embedding stage is keyed by the encoder spec (canonical: absolute paths, seed),
+a hash of the data (the annotation files' sha256, the image root, the image list) and the
+extraction settings that change the numbers (precision). The stage records the encoder's `id`
+(architecture + a hash of its weights); a rerun whose encoder has another id under the same key
+(a checkpoint file retrained in place) is refused, naming both ids, never silently reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vlctl.config import opt
+from vlctl.io import VlctlError, atomic_save_npz, atomic_write_json, read_json, sha256_file, sha256_json
+from vlctl.progress import say
+
+RANDOM_WEIGHTS_NOTE = (
+    "The encoder has RANDOM weights: every number in this report is meaningless as a result; the run checks "
+    "the mechanics (stages, caches, keys, report) only."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderRun:
+    """How a real recipe runs its encoder (the same for every stage)."""
+
+    device: str = opt("cpu", "torch device of the encoder and of every training stage", check="device")
+    precision: str = opt("fp32", "'fp32', or 'bf16' / 'fp16' autocast (GPU) for embedding and training",
+                         choices=("fp32", "bf16", "fp16"))
+    batch_size: int = opt(256, "images / captions per forward pass when embedding", ge=1, le=65536)
+    workers: int = opt(0, "DataLoader processes decoding images (0 = in the main process)", ge=0, le=256)
+
+
+def is_random(encoder_id: str) -> bool:
+    return "/random-seed" in encoder_id
+
+
+def load_encoder(spec: str, run: EncoderRun):
+    from vlctl.encoders import create
+
+    return create(spec, device=run.device, precision=run.precision, batch_size=run.batch_size)
+
+
+class LazyEncoder:
+    """The encoder, built on first use: a rerun whose stages are all cached only builds it to
+    check the cached stages' encoder id (cheap next to embedding)."""
+
+    def __init__(self, spec: str, run: EncoderRun):
+        self.spec, self.run, self._enc = spec, run, None
+
+    def get(self):
+        if self._enc is None:
+            t0 = time.perf_counter()
+            self._enc = load_encoder(self.spec, self.run)
+            say(f"encoder {self._enc.id} loaded in {time.perf_counter() - t0:.1f} s")
+        return self._enc
+
+    @property
+    def canonical_spec(self) -> str:
+        return getattr(self.get(), "spec", None) or self.spec
+
+
+def data_hash(files: Sequence[Path | None], images: Sequence[str], root: Path | None) -> str:
+    """sha256 over the annotation files' contents, the image root and the image list (16 hex)."""
+    parts = [sha256_file(f) if f is not None and Path(f).is_file() else None for f in files]
+    return sha256_json([parts, str(Path(root).resolve()) if root else None, list(images)])[:16]
+
+
+def check_stage_encoder(stage: Path, encoder_id: str) -> None:
+    """Refuse a cached stage computed by another encoder (both ids named)."""
+    rec = read_json(stage / "encoder.json", "stage encoder record")
+    if rec.get("encoder_id") != encoder_id:
+        raise VlctlError(
+            f"{stage}: cached stage was computed with encoder {rec.get('encoder_id')!r}, but the encoder now is "
+            f"{encoder_id!r} (same spec, other weights); refusing to mix them: rerun with --force, or another --stages")
+
+
+def _peak_bytes(device: Any) -> int | None:
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(dev))
+    return None
+
+
+def _model_bytes(encoder: Any) -> int:
+    model = getattr(encoder, "model", encoder)
+    try:
+        return int(sum(p.numel() * p.element_size() for p in model.parameters()))
+    except AttributeError:
+        return 0
+
+
+def estimate_line(what: str, n: int, rate: float, bytes_resident: int, unit: str = "images") -> None:
+    """The one line printed before a heavy stage: work, estimated time and memory."""
+    eta = n / rate if rate > 0 else float("inf")
+    say(f"{what}: {n} {unit}, about {eta:.0f} s at {rate:.1f} {unit}/s (measured), "
+        f"about {bytes_resident / 2**30:.2f} GiB")
+
+
+def embed_files_and_texts(encoder: Any, paths: Sequence[Path], texts: Sequence[str], run: EncoderRun,
+                          what: str, probe: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """(image embeddings (n, d), text embeddings (m, d)), float32, unit norm; every image must decode.
+
+    The first `probe` images are embedded first and timed; the estimate line for the whole stage
+    is printed from that rate, then the rest is embedded (the probe's rows are kept, not redone).
+    """
+    from vlctl.embeddings.extract import ExtractConfig, embed_image_files, embed_text_list
+
+    extract = ExtractConfig(batch_size=min(run.batch_size, 4096), workers=run.workers)
+    paths = [Path(p) for p in paths]
+    d = int(encoder.embed_dim)
+    parts, failures = [], []
+    k = min(probe, len(paths))
+    t0 = time.perf_counter()
+    if k:
+        res = embed_image_files(encoder, paths[:k], extract, progress=False, precision=run.precision)
+        parts.append(res.embeddings)
+        failures += res.failures
+    rate = k / max(time.perf_counter() - t0, 1e-9)
+    peak = _peak_bytes(run.device) or _model_bytes(encoder)
+    # Texts cost about a quarter of an image each (a text tower of a ViT-B CLIP; measured on CPU).
+    say(f"{what}: {len(paths)} images + {len(texts)} texts, about {(len(paths) - k + len(texts) / 4) / rate:.0f} s "
+        f"more at {rate:.1f} images/s (measured on the first {k}), about "
+        f"{(peak + (len(paths) + len(texts)) * d * 4) / 2**30:.2f} GiB")
+    if len(paths) > k:
+        res = embed_image_files(encoder, paths[k:], extract, progress=True, precision=run.precision)
+        parts.append(res.embeddings)
+        failures += res.failures
+    if failures:
+        shown = "; ".join(f"{p}: {r}" for p, r in failures[:5])
+        raise VlctlError(f"{what}: {len(failures)} image(s) could not be read: {shown}")
+    img = np.concatenate(parts) if parts else np.zeros((0, d), np.float32)
+    txt = np.zeros((len(texts), d), np.float32)
+    if texts:
+        embed_text_list(encoder, list(texts), txt, extract.batch_size, progress=True, precision=run.precision)
+    return img, txt
+
+
+def embed_stage(runner: Any, name: str, lazy: LazyEncoder, key: dict, paths: Sequence[Path], texts: Sequence[str],
+                run: EncoderRun, extra: dict[str, np.ndarray] | Callable[[], dict] | None = None) -> Path:
+    """A cached stage holding embeddings.npz (image_emb, text_emb, **extra) and encoder.json.
+    `extra`: more arrays, or a function returning them (called only when the stage is computed)."""
+
+    def compute(work: Path) -> None:
+        enc = lazy.get()
+        img, txt = embed_files_and_texts(enc, paths, texts, run, f"stage {name}")
+        more = extra() if callable(extra) else (extra or {})
+        atomic_save_npz(work / "embeddings.npz", image_emb=img, text_emb=txt, **more)
+        atomic_write_json(work / "encoder.json", {"encoder_id": enc.id, "spec": lazy.canonical_spec})
+
+    stage = runner.stage(name, {"encoder": lazy.canonical_spec, "precision": run.precision, **key}, compute)
+    check_stage_encoder(stage, lazy.get().id)
+    return stage
+
+
+def load_embeddings(stage: Path) -> dict[str, np.ndarray]:
+    with np.load(stage / "embeddings.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def report_header(rep: Any, encoder_id: str, spec: str, machine_note: str = "") -> None:
+    """The lines every real report starts with: the encoder, and the random-weights warning."""
+    rep.text(f"Encoder `{spec}` (id `{encoder_id}`). {machine_note}".strip())
+    if is_random(encoder_id):
+        rep.heading("Random weights")
+        rep.text(RANDOM_WEIGHTS_NOTE)
+
+
+def threads_for_cpu(run: EncoderRun) -> None:
+    """On CPU, use the threads the machine gives (OMP_NUM_THREADS, else torch's default)."""
+    import torch
+
+    if run.device == "cpu" and os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
