@@ -38,6 +38,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("tree", "explain:tree", "print the 3VL caption tree (levels and one-word hard negatives) of a caption"),
     ("eval retrieval", "evaluate:eval_retrieval", "zero-shot image-text retrieval recall@k both ways (CLIP_benchmark)"),
     ("reproduce", "evaluate:reproduce", "run a paper reproduction recipe stage by stage, with caching"),
+    ("serve", "serve:serve", "a local web page to search, steer, cluster and explain a store (or the demo's: --demo)"),
 )
 
 GROUPS = {

@@ -1,0 +1,88 @@
+"""`vlctl serve`: the web page over a store, or over the stores `make demo` left behind.
+
+    vlctl serve store/ --controlembed ce/ --tevi tevi/
+    vlctl serve --demo [--demo-dir runs/demo]
+    vlctl serve --demo --host 0.0.0.0 --token "$(openssl rand -hex 16)"
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+from vlctl.config import add_config_args, config_from_args
+from vlctl.io import VlctlError
+
+
+def serve_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.cli.args import in_path, text_arg
+    from vlctl.serve.app import ServeConfig
+
+    p.add_argument("store", nargs="?", default=None, type=in_path("store directory", "dir"),
+                   help="store directory (vlctl embed / vlctl index); or --demo")
+    p.add_argument("--demo", action="store_true", help="serve what `make demo` left in --demo-dir: the shapes store "
+                   "with ControlEmbed, MAD with TEVI, the scenes with the base and tree-tuned models, the reports")
+    p.add_argument("--demo-dir", default="runs/demo", type=in_path("demo directory", "dir"),
+                   help="the demo's output directory (default: runs/demo; read only)")
+    p.add_argument("--controlembed", default=None, type=in_path("ControlEmbed model directory", "dir"),
+                   help="a ControlEmbed model fitted on the store's encoder: the Steer and Clusters tabs")
+    p.add_argument("--tevi", default=None, type=in_path("TEVI directory", "dir"),
+                   help="a TEVI model fitted on the store's encoder: the TEVI rerank in the Steer tab")
+    p.add_argument("--encoder", default=None, type=text_arg("spec"),
+                   help="encoder spec for text and image queries (default: the one the store records)")
+    p.add_argument("--data", default=None, type=in_path("dataset directory", "dir"),
+                   help="for a store of a generated set that moved: the set's directory (its images)")
+    p.add_argument("--tuned", default=None, type=in_path("TinyCLIP model directory", "dir"),
+                   help="a second TinyCLIP (e.g. tree-tuned) shown beside the store's encoder in Explain")
+    p.add_argument("--reports", default=None, type=in_path("reports directory", "dir"),
+                   help="a `vlctl reproduce` output directory (or a parent of several) for the Reports tab")
+    add_config_args(p, ServeConfig)
+
+
+def build_state(args: argparse.Namespace):
+    """The ServeState the flags name (loads every model once)."""
+    from vlctl.serve.demo import demo_state
+    from vlctl.serve.state import state_for_store
+
+    if args.demo == (args.store is not None):
+        raise VlctlError("serve: give a STORE directory or --demo (one of them)")
+    if args.demo:
+        if any(getattr(args, f) is not None for f in ("controlembed", "tevi", "encoder", "data", "tuned", "reports")):
+            raise VlctlError("serve --demo: the demo brings its own models; --controlembed, --tevi, --encoder, --data, "
+                             "--tuned and --reports go with a STORE")
+        return demo_state(args.demo_dir)
+    return state_for_store(args.store, controlembed=args.controlembed, tevi=args.tevi, encoder=args.encoder,
+                           data=args.data, tuned=args.tuned, reports=args.reports)
+
+
+def serve(args: argparse.Namespace) -> dict:
+    import uvicorn
+
+    from vlctl.serve.app import ServeConfig, check_bind, create_app
+
+    config = config_from_args(ServeConfig, args)
+    if not config.token and os.environ.get("VLCTL_SERVE_TOKEN"):
+        config = dataclasses.replace(config, token=os.environ["VLCTL_SERVE_TOKEN"])
+    check_bind(config)
+    if config.threads:
+        import torch
+
+        torch.set_num_threads(config.threads)
+    state = build_state(args)
+    print("[vlctl] serve: loading the models\u2026", file=sys.stderr)
+    state.warm()
+    app = create_app(state, config)
+    if config.port == 0:  # any free port: chosen here, so the line below names it
+        import socket
+
+        with socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET) as sock:
+            sock.bind((config.host, 0))
+            config = dataclasses.replace(config, port=sock.getsockname()[1])
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    url = f"http://{host}:{config.port}/" + ("?token=TOKEN" if config.token else "")
+    print(f"[vlctl] serve: {url} (Ctrl-C stops)", file=sys.stderr)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_keep_alive=5,
+                limit_concurrency=256, h11_max_incomplete_event_size=64 * 1024)
+    return {}

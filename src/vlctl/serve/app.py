@@ -1,0 +1,361 @@
+"""The FastAPI application of `vlctl serve`: `create_app(state, config)`.
+
+    GET  /                       the page (static/index.html: five tabs, keyboard usable)
+    GET  /api/info               what is served: collections, attributes, explain models, reports, limits
+    POST /api/search             text or stored-image query -> thumbnails with scores
+    POST /api/search/upload      an uploaded image as the query (multipart: file, collection, k)
+    POST /api/steer              ControlEmbed attribute / alpha blend, or TEVI rerank with before/after
+    POST /api/cluster            starts a background clustering job -> {id, status}
+    GET  /api/jobs/{id}          the job, with its result when done (the page polls it)
+    POST /api/explain            HilaCAM / Anchor / DiRe heatmaps and caption-tree scores, per model
+    GET  /api/images/{source}/{row}?size=   a row's image as PNG (by id; never a path)
+    GET  /api/sample/{source}?n=&seed=       rows to pick a query image from
+    GET  /reports/{id}/{name}    a report's html and the files it links (names listed at start)
+    GET  /docs, /openapi.json    the OpenAPI schema
+
+Every request body is a pydantic model (`vlctl.serve.schemas`); every error is JSON
+`{"error": "one message"}` (422 bad request fields, 400 a request the data refuses, 404 unknown id,
+413 too large, 415 not an image, 401 no token, 429 too many jobs, 504 past the timeout).
+
+Safe defaults (`ServeConfig`): the CLI binds 127.0.0.1; with a token every request needs it
+(`Authorization: Bearer T`, or the cookie set by opening `/?token=T`); request bodies over
+`max_upload_bytes` are refused while they arrive; uploads are typed by their bytes and refused over
+`max_pixels`; every computation runs on a bounded worker pool and answers 504 after
+`request_timeout` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import hmac
+import logging
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import FastAPI, File, Form, Query, Request, UploadFile
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from vlctl.config import opt, validate_config
+from vlctl.io import VlctlError
+from vlctl.serve import imaging, schemas, work
+from vlctl.serve.jobs import Jobs, TooManyJobs
+from vlctl.serve.state import NotFound, ServeState
+
+STATIC = Path(__file__).resolve().parent / "static"
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+COOKIE = "vlctl_token"
+log = logging.getLogger("vlctl.serve")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    """How `vlctl serve` listens and what it accepts."""
+
+    host: str = opt("127.0.0.1", "address to bind; anything but 127.0.0.1 / localhost / ::1 needs --token")
+    port: int = opt(8765, "TCP port (0: any free port)", ge=0, le=65535)
+    token: str | None = opt(None, "a secret every request must carry (Authorization: Bearer TOKEN, or open "
+                            "/?token=TOKEN once); also $VLCTL_SERVE_TOKEN")
+    max_upload_bytes: int = opt(8 * 2**20, "largest request body in bytes (an uploaded image)", ge=1024, le=2**30)
+    max_pixels: int = opt(16_000_000, "largest uploaded image in pixels (width x height), read from its header",
+                          ge=1, le=2**31)
+    request_timeout: float = opt(30.0, "seconds a request may compute before it is answered 504", gt=0, le=3600)
+    workers: int = opt(8, "threads computing requests at once (more wait)", ge=1, le=256)
+    job_workers: int = opt(1, "threads running background jobs (clustering)", ge=1, le=64)
+    threads: int = opt(0, "torch / BLAS threads of the process (0: leave as they are)", ge=0, le=1024)
+
+    def __post_init__(self) -> None:
+        validate_config(self)
+
+
+def check_bind(config: ServeConfig) -> None:
+    """A bind beyond this machine needs a token (the CLI checks it after reading $VLCTL_SERVE_TOKEN)."""
+    if config.host not in LOCAL_HOSTS and not config.token:
+        raise VlctlError(f"--host {config.host}: binding beyond this machine needs --token (a secret every request "
+                         "must carry; or $VLCTL_SERVE_TOKEN)")
+
+
+def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    errs = exc.errors()
+    if not errs:
+        return "invalid request"
+    e = errs[0]
+    loc = ".".join(str(p) for p in e.get("loc", ()) if p not in ("body",)) or "request"
+    msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+    return f"{loc}: {msg}{more}"
+
+
+class _Guard:
+    """Pure ASGI middleware: the token, then the body size limit (Content-Length, or counted while
+    the body arrives), before the app sees the request."""
+
+    def __init__(self, app, config: ServeConfig):
+        self.app, self.config = app, config
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        set_cookie = False
+        if self.config.token:
+            ok, set_cookie = self._authorised(scope, headers)
+            if not ok:
+                return await _error(401, "this server needs its token: Authorization: Bearer TOKEN, or open "
+                                    "/?token=TOKEN once")(scope, receive, send)
+        limit = self.config.max_upload_bytes
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return await _error(413, f"request body of {length} bytes exceeds the limit of {limit} bytes")(
+                scope, receive, send)
+        body, more = bytearray(), True
+        while more:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return None
+            body += msg.get("body", b"")
+            more = msg.get("more_body", False)
+            if len(body) > limit:
+                return await _error(413, f"request body exceeds the limit of {limit} bytes")(scope, receive, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        async def send_with_cookie(message):
+            if set_cookie and message["type"] == "http.response.start":
+                cookie = f"{COOKIE}={self.config.token}; Path=/; HttpOnly; SameSite=Strict"
+                message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", cookie.encode())]}
+            await send(message)
+
+        return await self.app(scope, replay, send_with_cookie)
+
+    def _authorised(self, scope, headers: dict) -> tuple[bool, bool]:
+        token = self.config.token.encode()
+
+        def same(value: str) -> bool:
+            return hmac.compare_digest(value.encode("utf-8", "replace"), token)
+
+        auth = headers.get("authorization", "")
+        if auth.startswith("Bearer ") and same(auth[7:]):
+            return True, False
+        for part in headers.get("cookie", "").split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == COOKIE and same(value):
+                return True, False
+        from urllib.parse import parse_qs
+
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        if any(same(v) for v in query.get("token", [])):
+            return True, True
+        return False, False
+
+
+def create_app(state: ServeState, config: ServeConfig | None = None) -> FastAPI:
+    """The application over `state` (loaded once, shared by every request)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        __version__ = version("vlctl")  # not `from vlctl import`: the package is the layer above this one
+    except PackageNotFoundError:
+        __version__ = "unknown"
+    config = config or ServeConfig()
+    pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="vlctl-serve")
+    # Explain takes ~1 s of both cores and holds the explain lock: on its own thread, so that
+    # explain requests wait for each other, not in front of the searches.
+    heavy = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlctl-explain")
+    jobs = Jobs(workers=config.job_workers)
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        jobs.shutdown()
+        for p in (pool, heavy):
+            p.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(title="vlctl serve", version=__version__, docs_url="/docs", redoc_url=None, lifespan=lifespan,
+                  description="Search, steer, cluster and explain an embeddings store. Errors are "
+                  "{\"error\": message}; images are served by row id.")
+    app.state.vlctl = state
+    app.state.jobs = jobs
+    errors = {code: {"model": schemas.Error} for code in (400, 404, 413, 415, 422, 429, 504)}
+
+    async def run(fn, *args, executor: ThreadPoolExecutor = pool):
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(executor, functools.partial(fn, *args))
+        try:
+            return await asyncio.wait_for(fut, config.request_timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"the request took longer than {config.request_timeout:g} s and was abandoned") from None
+
+    # -- errors: one JSON message each ------------------------------------------------------
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return _error(422, _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return _error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+
+    @app.exception_handler(imaging.UploadError)
+    async def _upload(request: Request, exc: imaging.UploadError):
+        return _error(exc.status, str(exc))
+
+    @app.exception_handler(TooManyJobs)
+    async def _busy(request: Request, exc: TooManyJobs):
+        return _error(429, str(exc), {"Retry-After": "1"})
+
+    @app.exception_handler(VlctlError)
+    async def _refused(request: Request, exc: VlctlError):
+        return _error(400, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+    @app.exception_handler(NotFound)
+    async def _missing(request: Request, exc: NotFound):
+        return _error(404, str(exc.args[0]) if exc.args else "not found")
+
+    @app.exception_handler(TimeoutError)
+    async def _slow(request: Request, exc: TimeoutError):
+        return _error(504, str(exc))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception):
+        log.exception("vlctl serve: %s %s", request.method, request.url.path)
+        return _error(500, f"internal error ({type(exc).__name__}); the server log has the traceback")
+
+    # -- the page ---------------------------------------------------------------------------
+    @app.get("/", include_in_schema=False)
+    async def index():
+        return FileResponse(STATIC / "index.html", media_type="text/html",
+                            headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    # -- API --------------------------------------------------------------------------------
+    @app.get("/api/info", response_model=schemas.Info)
+    async def info():
+        cols = [schemas.CollectionInfo(
+            name=c.name, size=len(c), encoder_id=c.store.encoder_id, description=c.description,
+            thumbnails=c.pixels is not None, text_queries=c.encoder is not None, attributes=c.attributes,
+            subclasses={a: c.subclasses(a) for a in c.attributes},
+            free_text_attributes=c.free_text_attributes, tevi=c.tevi is not None) for c in state.collections.values()]
+        ex = None
+        if state.explain is not None:
+            es = state.explain
+            examples = [{"id": i, "caption": es.caption(i)} for i in range(min(es.count, 24))]
+            ex = schemas.ExplainInfo(name=es.name, size=es.count, models=list(es.models), trees=es.trees is not None,
+                                     examples=examples)
+        reports = [schemas.ReportInfo(id=r.id, title=r.title, url=f"/reports/{r.id}/report.html",
+                                      figures=[n for n in r.files if n.lower().endswith(".png")])
+                   for r in state.reports.values()]
+        limits = {"max_k": schemas.MAX_K, "max_candidates": schemas.MAX_CANDIDATES, "max_text": schemas.MAX_TEXT,
+                  "max_upload_bytes": config.max_upload_bytes, "max_pixels": config.max_pixels,
+                  "request_timeout": config.request_timeout}
+        return schemas.Info(title=state.title, collections=cols, explain=ex, reports=reports, limits=limits)
+
+    @app.post("/api/search", response_model=schemas.SearchResponse, responses=errors)
+    async def search(req: schemas.SearchRequest):
+        coll = state.collection(req.collection)
+        return await run(work.search, coll, req.text, req.image_id, req.k)
+
+    @app.post("/api/search/upload", response_model=schemas.SearchResponse, responses=errors)
+    async def search_upload(file: Annotated[UploadFile, File(description="an image: PNG, JPEG, GIF, BMP or WEBP")],
+                            collection: Annotated[schemas.Name, Form()],
+                            k: Annotated[int, Form(ge=1, le=schemas.MAX_K)] = 24):
+        coll = state.collection(collection)
+        data = await file.read()
+        rgb = await run(imaging.decode_upload, data, config.max_pixels)
+        return await run(work.search, coll, None, None, k, rgb)
+
+    @app.post("/api/steer", response_model=schemas.SteerResponse, responses=errors)
+    async def steer(req: schemas.SteerRequest):
+        coll = state.collection(req.collection)
+        return await run(work.steer, coll, req)
+
+    @app.post("/api/cluster", response_model=schemas.Job, status_code=202, responses=errors)
+    async def cluster(req: schemas.ClusterRequest):
+        coll = state.collection(req.collection)
+        coll.affine(req.attribute)  # a bad attribute is refused now, not as a failed job
+        key = (req.collection, req.attribute, req.k, req.seed, req.per_cluster)
+        cached = coll.clusters.get(key)
+
+        def job():
+            result = cached or work.cluster(coll, req.attribute, req.k, req.seed, req.per_cluster)
+            coll.clusters.put(key, result)
+            return result
+
+        return _job_view(jobs.submit(job, key=key))
+
+    @app.get("/api/jobs/{job_id}", response_model=schemas.Job, responses=errors)
+    async def job(job_id: Annotated[str, PathParam(pattern=r"^[0-9a-f]{16}$")]):
+        return _job_view(jobs.get(job_id))
+
+    @app.post("/api/explain", response_model=schemas.ExplainResponse, responses=errors)
+    async def explain(req: schemas.ExplainRequest):
+        if state.explain is None:
+            raise NotFound("no explain set is served (it needs an encoder with a ViT image tower)")
+        return await run(work.explain, state.explain, req.image_id, req.positive, req.negative, req.tree,
+                         executor=heavy)
+
+    @app.get("/api/images/{source}/{row}", responses={200: {"content": {"image/png": {}}}, **errors},
+             response_class=Response)
+    async def image(source: Annotated[schemas.Name, PathParam()], row: Annotated[int, PathParam(ge=0, le=2**40)],
+                    size: Annotated[int, Query(ge=16, le=512)] = 128):
+        src = state.image_sources.get(source)
+        if src is None:
+            raise NotFound(f"no image source {source!r}; served: {sorted(state.image_sources)}")
+        data = await run(_thumbnail, src, row, size)
+        return Response(data, media_type="image/png",
+                        headers={"Cache-Control": "max-age=3600", "X-Content-Type-Options": "nosniff"})
+
+    @app.get("/api/sample/{source}", responses=errors)
+    async def sample(source: Annotated[schemas.Name, PathParam()], n: Annotated[int, Query(ge=1, le=100)] = 12,
+                     seed: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0) -> dict[str, list[int]]:
+        src = state.image_sources.get(source)
+        if src is None:
+            raise NotFound(f"no image source {source!r}; served: {sorted(state.image_sources)}")
+        count = src.count if hasattr(src, "count") else len(src)
+        return {"ids": sorted(random.Random(seed).sample(range(count), min(n, count)))}
+
+    @app.get("/reports/{report}/{name:path}", include_in_schema=False)
+    async def report_file(report: str, name: str):
+        rep = state.reports.get(report)
+        if rep is None:
+            raise NotFound(f"no report {report!r}")
+        file = rep.html if name == "report.html" else rep.files.get(name)
+        if file is None:
+            raise NotFound(f"report {report!r} has no file {name[:100]!r}")
+        return FileResponse(file, headers={"X-Content-Type-Options": "nosniff"})
+
+    app.add_middleware(_Guard, config=config)
+    return app
+
+
+def _job_view(job: dict) -> dict:
+    return {k: job[k] for k in ("id", "status", "result", "error")}
+
+
+def _thumbnail(src: Any, row: int, size: int) -> bytes:
+    if src.pixels is None:
+        raise NotFound(f"{src.name!r}: the store names no image files, so it has no thumbnails")
+    src.check_row(row)
+    key = (row, size)
+    data = src.thumbs.get(key)
+    if data is None:
+        data = imaging.png(imaging.resize_to(src.pixels(row), size, src.pixelated))
+        src.thumbs.put(key, data)
+    return data

@@ -1,0 +1,102 @@
+"""Pixels in and out of `vlctl serve`: uploads checked from their bytes, thumbnails, heatmap overlays.
+
+An upload's type is decided by its first bytes (the magic number), never by the name or the
+Content-Type the client sent; PIL must then agree. Its pixel count is read from the header and
+refused above the limit before any pixel is decoded (a decompression bomb allocates nothing).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import warnings
+
+import numpy as np
+
+from vlctl.io import VlctlError
+
+# (magic bytes at offset 0, the PIL format name); WEBP is "RIFF....WEBP".
+SIGNATURES: tuple[tuple[bytes, str], ...] = (
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"BM", "BMP"),
+)
+MEDIA_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "BMP": "image/bmp", "WEBP": "image/webp"}
+
+
+class UploadError(VlctlError):
+    """An upload refused: `status` is the HTTP status to answer with (415 type, 413 size, 400 decode)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def sniff(data: bytes) -> str | None:
+    """The image format of `data` from its magic number ("PNG", "JPEG", "GIF", "BMP", "WEBP"), or None."""
+    if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    for magic, fmt in SIGNATURES:
+        if data.startswith(magic):
+            return fmt
+    return None
+
+
+def decode_upload(data: bytes, max_pixels: int) -> np.ndarray:
+    """Upload bytes -> uint8 RGB (H, W, 3); UploadError (415, 413 or 400) with one clear message."""
+    from PIL import Image
+
+    fmt = sniff(data)
+    if fmt is None:
+        raise UploadError("upload: not an image (its bytes are none of PNG, JPEG, GIF, BMP, WEBP)", 415)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data), formats=[fmt]) as im:
+                w, h = im.size
+                if w * h > max_pixels:
+                    raise UploadError(f"upload: {w} x {h} = {w * h} pixels exceeds the limit of {max_pixels}", 413)
+                rgb = np.asarray(im.convert("RGB"), dtype=np.uint8)
+    except UploadError:
+        raise
+    except Image.DecompressionBombError:
+        raise UploadError(f"upload: refused as a decompression bomb (over {max_pixels} pixels)", 413) from None
+    except Exception as e:  # noqa: BLE001 -- PIL raises many types for a corrupt file: all mean "cannot decode"
+        raise UploadError(f"upload: cannot decode the {fmt} image ({type(e).__name__})", 400) from None
+    if min(rgb.shape[:2]) < 1:
+        raise UploadError("upload: the image has no pixels", 400)
+    return rgb
+
+
+def resize_to(rgb: np.ndarray, side: int, pixelated: bool) -> np.ndarray:
+    """The image scaled so its longer side is `side` (nearest-neighbour for pixelated sets)."""
+    from PIL import Image
+
+    h, w = rgb.shape[:2]
+    s = side / max(h, w)
+    size = (max(1, round(w * s)), max(1, round(h * s)))
+    if size == (w, h):
+        return rgb
+    method = Image.Resampling.NEAREST if pixelated else Image.Resampling.LANCZOS
+    return np.asarray(Image.fromarray(rgb).resize(size, method))
+
+
+def png(rgb: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(rgb)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def data_url(png_bytes: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png_bytes).decode("ascii")
+
+
+def colour_bar(scale, width: int = 256, height: int = 12) -> bytes:
+    """The colour bar of a `vlctl.report.overlays.ColourScale` as a PNG, vmin at the left."""
+    cmap = scale.bar_cmap()
+    row = (np.asarray(cmap(np.linspace(0.0, 1.0, width)))[:, :3] * 255).round().astype(np.uint8)
+    return png(np.repeat(row[None], height, axis=0))

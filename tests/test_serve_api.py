@@ -1,0 +1,474 @@
+"""`vlctl serve`: the JSON API through httpx (FastAPI's TestClient) on a tiny store built here.
+
+The world: 24 PNGs of coloured squares (3 colours x 2 sizes, with pixel noise) and their captions,
+indexed by `vlctl index` with a small random TinyCLIP (so the store names its files, the path
+`vlctl serve STORE` takes); a ControlEmbed fitted on the stored vectors with given category
+embeddings (color, size); an SAE and TEVI on the image-caption pairs; a second TinyCLIP as the
+"tuned" model of Explain. Every answer is checked against the library computing the same thing.
+`build_world` is shared with the browser and fuzz tests.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+COLORS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
+COND = {"color": np.array([1.0, 0.0, 0.0, 0.0]), "size": np.array([0.0, 1.0, 0.0, 0.0])}
+VOCAB = ("a", "red", "green", "blue", "big", "small", "square", "or", "and")
+N = 24
+
+
+def build_world(root: Path) -> dict:
+    """The files of the test world under `root` (see the module docstring) -> their paths."""
+    from vlctl.cli import main
+    from vlctl.embeddings.store import open_store
+    from vlctl.encoders import TinyCLIPConfig, create, create_model, save_pretrained
+    from vlctl.methods.controlembed import ControlEmbed
+    from vlctl.methods.sae import SparseAutoencoder
+    from vlctl.methods.tevi import TEVI
+
+    cfg = TinyCLIPConfig(name="serve-test", image_size=32, patch_size=8, vision_width=32, vision_layers=2,
+                         vision_heads=2, text_width=32, text_layers=1, text_heads=2, context_length=16, vocab=VOCAB,
+                         embed_dim=16)
+    save_pretrained(create_model(cfg, seed=0), root / "model")
+    save_pretrained(create_model(cfg, seed=1), root / "tuned")
+    rng = np.random.default_rng(0)
+    photos = root / "photos"
+    photos.mkdir()
+    rows = []
+    for i in range(N):
+        color, big = list(COLORS)[i % 3], (i // 3) % 2 == 0
+        a = np.full((40, 40, 3), 245, np.uint8)
+        r = 14 if big else 6
+        a[20 - r: 20 + r, 20 - r: 20 + r] = COLORS[color]
+        a = np.clip(a.astype(int) + rng.integers(-12, 12, a.shape), 0, 255).astype(np.uint8)
+        Image.fromarray(a).save(photos / f"img{i:02d}.png")
+        rows.append({"filepath": f"img{i:02d}.png", "caption": f"a {'big' if big else 'small'} {color} square",
+                     "color": color, "size": "big" if big else "small"})
+    with open(root / "labels.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    store_dir = root / "store"
+    assert main(["index", str(photos), "--annotations", str(root / "labels.csv"), "--encoder",
+                 f"tiny:{root / 'model'}", "--out", str(store_dir), "--no-progress", "--json"]) == 0
+    store = open_store(store_dir)
+    meta = store.metadata()
+    labels = {c: [m[c] for m in meta] for c in ("color", "size")}
+    enc = create(f"tiny:{root / 'model'}")
+    text = {c: enc.embed_texts(sorted(set(labels[c]))) for c in ("color", "size")}
+    ControlEmbed(steps=30, align_weight=0.0, images_per_subclass=2, hidden=16, seed=0).fit(
+        store.embeddings(), labels, encoder_id=store.encoder_id, category_emb=COND, class_text_emb=text
+    ).save(root / "ce")
+    img, txt = store.pairs()
+    torch.manual_seed(0)
+    sae = SparseAutoencoder(k=4, expansion=2, aux_k=0, epochs=5, batch_size=64, lr=1e-2, init_b_pre="zeros",
+                            seed=0).fit(img, store.encoder_id)
+    TEVI(hidden=16, epochs=2, batch_size=64, seed=0).fit(img, txt, sae=sae).save(root / "tevi")
+    return {"root": root, "store": store_dir, "ce": root / "ce", "tevi": root / "tevi", "tuned": root / "tuned",
+            "model": root / "model", "photos": photos, "rows": rows}
+
+
+def world_state(world: dict, trees: bool = False):
+    from vlctl.serve.state import state_for_store
+
+    state = state_for_store(world["store"], controlembed=world["ce"], tevi=world["tevi"], tuned=world["tuned"])
+    if not trees:
+        state.explain.trees = None  # spaCy and WordNet load in seconds; one test checks the trees
+    return state
+
+
+_WORLD: dict = {}
+
+
+def shared_world(tmp_path_factory) -> dict:
+    """One world per test session (the browser and fuzz tests import this module)."""
+    if "world" not in _WORLD:
+        _WORLD["world"] = build_world(tmp_path_factory.mktemp("serve"))
+    return _WORLD["world"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return shared_world(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def state(world):
+    return world_state(world, trees=True)
+
+
+@pytest.fixture(scope="module")
+def client(state):
+    from fastapi.testclient import TestClient
+
+    from vlctl.serve import ServeConfig, create_app
+
+    with TestClient(create_app(state, ServeConfig(max_pixels=100_000, max_upload_bytes=200_000))) as c:
+        yield c
+
+
+def _error(r, status: int) -> str:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and isinstance(body["error"], str) and "\n" not in body["error"]
+    return body["error"]
+
+
+# --- search --------------------------------------------------------------------------------------
+
+
+def test_info_lists_what_is_served(client, state):
+    info = client.get("/api/info").json()
+    (coll,) = info["collections"]
+    assert coll["name"] == "store" and coll["size"] == N and coll["thumbnails"] and coll["tevi"]
+    assert coll["attributes"] == ["color", "size"] and not coll["free_text_attributes"]
+    assert coll["subclasses"] == {"color": ["blue", "green", "red"], "size": ["big", "small"]}
+    assert info["explain"]["models"] == ["base", "tuned"] and info["explain"]["size"] == N
+    assert info["explain"]["examples"][0]["caption"] == state.explain.caption(0)
+    assert info["limits"]["max_pixels"] == 100_000
+
+
+def test_text_search_matches_the_store(client, state):
+    coll = state.collections["store"]
+    r = client.post("/api/search", json={"collection": "store", "text": "a red square", "k": 5})
+    assert r.status_code == 200
+    want = coll.store.search(coll.encoder.embed_texts(["a red square"]), k=5)
+    hits = r.json()["hits"]
+    assert [h["id"] for h in hits] == want.ids[0].tolist()
+    np.testing.assert_allclose([h["score"] for h in hits], want.scores[0], rtol=1e-5)
+    meta = coll.store.metadata(want.ids[0])
+    assert [h["label"] for h in hits] == [m["captions"][0] if "captions" in m else m["caption"] for m in meta]
+
+
+def test_search_by_a_stored_image_uses_its_stored_vector(client, state):
+    coll = state.collections["store"]
+    hits = client.post("/api/search", json={"collection": "store", "image_id": 7, "k": 3}).json()["hits"]
+    want = coll.store.search(coll.store.vectors([7]), k=3)
+    assert [h["id"] for h in hits] == want.ids[0].tolist() and 7 in want.ids[0]
+    assert hits[0]["score"] == pytest.approx(1.0, abs=1e-4)  # itself (or a twin as close)
+
+
+def test_upload_is_typed_by_its_bytes_and_limited(client, state, world):
+    coll = state.collections["store"]
+    png = (world["photos"] / "img04.png").read_bytes()
+    # A PNG sent as "photo.jpg" with image/jpeg: the bytes decide, and it searches like the file itself.
+    r = client.post("/api/search/upload", files={"file": ("photo.jpg", png, "image/jpeg")},
+                    data={"collection": "store", "k": "4"})
+    assert r.status_code == 200, r.text
+    want = coll.store.search(coll.encoder.embed_images([np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))]), k=4)
+    assert [h["id"] for h in r.json()["hits"]] == want.ids[0].tolist()
+    assert "not an image" in _error(client.post("/api/search/upload", files={"file": ("x.png", b"GIF8 not", "image/png")},
+                                            data={"collection": "store"}), 415)
+    assert "cannot decode" in _error(client.post("/api/search/upload",
+                                                 files={"file": ("x.png", png[:40], "image/png")},
+                                                 data={"collection": "store"}), 400)
+    big = io.BytesIO()
+    Image.new("RGB", (400, 300)).save(big, format="PNG")  # 120,000 pixels > 100,000: refused from the header
+    assert "exceeds the limit of 100000" in _error(client.post(
+        "/api/search/upload", files={"file": ("b.png", big.getvalue(), "image/png")}, data={"collection": "store"}), 413)
+    huge = b"\x89PNG\r\n\x1a\n" + bytes(300_000)
+    assert "200000 bytes" in _error(client.post("/api/search/upload", files={"file": ("h.png", huge, "image/png")},
+                                                data={"collection": "store"}), 413)
+
+
+def test_bad_requests_are_one_clear_message(client):
+    assert _error(client.post("/api/search", json={"collection": "store", "text": "a", "k": 0}), 422).startswith("k:")
+    assert "exactly one" in _error(client.post("/api/search", json={"collection": "store", "text": "a",
+                                                                    "image_id": 1}), 422)
+    assert "extra" in _error(client.post("/api/search", json={"collection": "store", "text": "a", "x": 1}), 422).lower()
+    assert "no collection 'other'" in _error(client.post("/api/search", json={"collection": "other", "text": "a"}), 404)
+    assert "no image 24" in _error(client.post("/api/search", json={"collection": "store", "image_id": 24}), 404)
+    assert "unknown word 'purple'" in _error(client.post("/api/search", json={"collection": "store",
+                                                                              "text": "a purple square"}), 400)
+    assert _error(client.post("/api/search", content=b"{not json", headers={"content-type": "application/json"}), 422)
+    assert "attribute" in _error(client.post("/api/steer", json={"collection": "store", "image_id": 0,
+                                                                 "attribute": "../etc"}), 422)
+    _error(client.get("/api/nothing"), 404)
+
+
+# --- steer ---------------------------------------------------------------------------------------
+
+
+def _steered(coll, row: int, a: str, b: str | None = None, alpha: float = 1.0, k: int = 8):
+    from vlctl.methods.controlembed import normalize_rows
+
+    q = normalize_rows(coll.store.vectors([row]))
+    wa, ba = coll.controlembed.affine(a)
+    x = q @ wa + ba
+    if b is not None:
+        wb, bb = coll.controlembed.affine(b)
+        x = alpha * x + (1 - alpha) * (q @ wb + bb)
+    return coll.store.search(x, k=k)
+
+
+def test_steer_by_attribute_and_blend(client, state):
+    coll = state.collections["store"]
+    orders = {}
+    for a in ("color", "size"):
+        r = client.post("/api/steer", json={"collection": "store", "image_id": 3, "attribute": a, "k": 8}).json()
+        want = _steered(coll, 3, a)
+        assert r["mode"] == "attribute" and [h["id"] for h in r["hits"]] == want.ids[0].tolist()
+        np.testing.assert_allclose([h["score"] for h in r["hits"]], want.scores[0], rtol=1e-4, atol=1e-6)
+        orders[a] = [h["id"] for h in r["hits"]]
+    assert orders["color"] != orders["size"]  # the same query re-ranks by the other attribute
+    half = client.post("/api/steer", json={"collection": "store", "image_id": 3, "attribute": "color",
+                                           "attribute_b": "size", "alpha": 0.25, "k": 8}).json()
+    assert half["mode"] == "compose" and [h["id"] for h in half["hits"]] == _steered(coll, 3, "color", "size",
+                                                                                      0.25).ids[0].tolist()
+    full = client.post("/api/steer", json={"collection": "store", "image_id": 3, "attribute": "size",
+                                           "attribute_b": "color", "alpha": 1.0, "k": 8}).json()
+    assert [h["id"] for h in full["hits"]] == orders["size"]
+    assert "knows only ['color', 'size']" in _error(client.post("/api/steer", json={
+        "collection": "store", "image_id": 3, "attribute": "hue"}), 400)
+
+
+def test_tevi_rerank_marks_what_moved(client, state):
+    coll = state.collections["store"]
+    r = client.post("/api/steer", json={"collection": "store", "text": "a small blue square", "tevi": True,
+                                        "candidates": 20, "k": 10})
+    assert r.status_code == 200, r.text
+    r = r.json()
+    q = coll.encoder.embed_texts(["a small blue square"])
+    base = coll.store.search(q, k=20)
+    rescored = coll.tevi.gallery_reranker()(q, base.ids, coll.store)[0]  # without the precomputed codes
+    order = np.argsort(-rescored, kind="stable")[:10]
+    assert r["mode"] == "tevi" and [h["id"] for h in r["hits"]] == base.ids[0][order].tolist()
+    np.testing.assert_allclose([h["score"] for h in r["hits"]], rescored[order], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose([h["before_score"] for h in r["hits"]], base.scores[0][order], rtol=1e-5)
+    assert [h["before_rank"] for h in r["hits"]] == (order + 1).tolist()
+    assert [h["moved"] for h in r["hits"]] == [int(j) != i for i, j in enumerate(order)]
+    assert "text" in _error(client.post("/api/steer", json={"collection": "store", "image_id": 1, "tevi": True}), 422)
+
+
+# --- clusters ------------------------------------------------------------------------------------
+
+
+def _wait(client, job: dict) -> dict:
+    for _ in range(400):
+        if job["status"] in ("done", "failed"):
+            return job
+        time.sleep(0.05)
+        job = client.get(f"/api/jobs/{job['id']}").json()
+    raise AssertionError("job did not finish")
+
+
+def test_cluster_job_matches_controlembed(client, state):
+    from vlctl.methods.controlembed import normalize_rows
+
+    coll = state.collections["store"]
+    r = client.post("/api/cluster", json={"collection": "store", "attribute": "color", "per_cluster": 4})
+    assert r.status_code == 202 and r.json()["status"] in ("queued", "running", "done")
+    job = _wait(client, r.json())
+    assert job["status"] == "done", job
+    res = job["result"]
+    emb = coll.store.embeddings()
+    want = coll.controlembed.cluster(emb, "color", seed=0)
+    z = normalize_rows(coll.controlembed.transform(emb, "color"))
+    assert res["k"] == 3 and res["n_images"] == N and sum(c["size"] for c in res["clusters"]) == N
+    for c in res["clusters"]:
+        members = np.flatnonzero(want == c["id"])
+        assert c["size"] == len(members)
+        centre = z[members].mean(0)
+        assert c["nearest"] == members[np.argsort(np.linalg.norm(z[members] - centre, axis=1), kind="stable")[:4]].tolist()
+        t = coll.controlembed.class_text_emb_["color"] @ (centre / np.linalg.norm(centre))
+        assert c["subclass"] == ["blue", "green", "red"][int(np.argmax(t))]
+    again = client.post("/api/cluster", json={"collection": "store", "attribute": "color", "per_cluster": 4}).json()
+    assert again["id"] == job["id"] and again["status"] == "done"  # the same work is not started twice
+    assert "larger than" in _wait(client, client.post("/api/cluster", json={
+        "collection": "store", "attribute": "size", "k": 30}).json())["error"]
+    assert "no job" in _error(client.get("/api/jobs/0123456789abcdef"), 404)
+    _error(client.get("/api/jobs/..%2F..%2Fetc"), 404)
+
+
+def test_jobs_queue_is_bounded():
+    import threading
+
+    from vlctl.serve.jobs import Jobs, TooManyJobs
+
+    gate = threading.Event()
+    jobs = Jobs(workers=1, max_pending=2)
+    jobs.submit(gate.wait)
+    jobs.submit(gate.wait)
+    with pytest.raises(TooManyJobs):
+        jobs.submit(gate.wait)
+    gate.set()
+    jobs.shutdown()
+
+
+# --- explain -------------------------------------------------------------------------------------
+
+
+def test_explain_two_models_with_shared_scales_and_tree(client, state):
+    from vlctl.methods.relevancy import explain_maps
+    from vlctl.report.overlays import ColourScale
+
+    es = state.explain
+    caption = es.caption(0)
+    r = client.post("/api/explain", json={"image_id": 0, "positive": caption, "negative": "a small green square"})
+    assert r.status_code == 200, r.text
+    r = r.json()
+    assert [m["model"] for m in r["models"]] == ["base", "tuned"]
+    image = es.pixels(0)
+    refs = {name: explain_maps(enc, image, caption, "a small green square") for name, enc in es.models.items()}
+    seq = ColourScale.sequential([ref["maps"][m] for ref in refs.values()
+                                  for m in ("hilacam_positive", "hilacam_negative", "anchor")], "")
+    div = ColourScale.diverging([ref["maps"]["dire"] for ref in refs.values()], "")
+    bars = {b["method"]: b for b in r["colour_bars"]}
+    assert bars["hilacam"]["vmin"] == pytest.approx(seq.vmin, rel=1e-5) and bars["dire"]["vmax"] == pytest.approx(div.vmax)
+    for m in r["models"]:
+        ref = refs[m["model"]]
+        assert m["positive_score"] == pytest.approx(ref["positive_score"], abs=1e-5)
+        assert m["anchor_text"] == ref["anchor_text"]
+        assert [h["method"] for h in m["heatmaps"]] == ["hilacam_positive", "hilacam_negative", "anchor", "dire"]
+        for h in m["heatmaps"]:
+            png = Image.open(io.BytesIO(__import__("base64").b64decode(h["image"].split(",", 1)[1])))
+            assert png.size == (256, 256)
+        assert m["tree"], r["tree_note"]
+        enc = es.models[m["model"]]
+        lv = m["tree"][0]
+        img = enc.embed_images([image])[0]  # square images: the letterboxed input is the image itself
+        s = enc.embed_texts([lv["positive"], *lv["negatives"]]) @ img
+        assert lv["positive_score"] == pytest.approx(float(s[0]), abs=1e-5)
+        np.testing.assert_allclose(lv["negative_scores"], s[1:], atol=1e-5)
+        assert lv["fails"] == [bool(v >= s[0]) for v in s[1:]]
+    one = client.post("/api/explain", json={"image_id": 1, "positive": es.caption(1), "tree": False}).json()
+    assert [len(m["heatmaps"]) for m in one["models"]] == [1, 1] and one["models"][0]["tree"] is None
+    assert "no image 99" in _error(client.post("/api/explain", json={"image_id": 99, "positive": "a"}), 404)
+
+
+# --- images, reports, safety ---------------------------------------------------------------------
+
+
+def test_images_by_id_only(client, world):
+    r = client.get("/api/images/store/5?size=40")
+    assert r.status_code == 200 and r.headers["content-type"] == "image/png"
+    got = np.asarray(Image.open(io.BytesIO(r.content)).convert("RGB"))
+    np.testing.assert_array_equal(got, np.asarray(Image.open(world["photos"] / "img05.png").convert("RGB")))
+    assert client.get("/api/images/explain/5?size=20").status_code == 200
+    _error(client.get("/api/images/store/24"), 404)
+    _error(client.get("/api/images/store/-1"), 422)
+    _error(client.get("/api/images/store/1?size=5000"), 422)
+    for bad in ("/api/images/..%2Fphotos/1", "/api/images/%2Fetc%2Fpasswd/1", "/reports/x/..%2F..%2Fetc%2Fpasswd"):
+        assert client.get(bad).status_code in (404, 422)
+    ids = client.get("/api/sample/store?n=5&seed=3").json()["ids"]
+    assert len(ids) == 5 and ids == sorted(ids) and all(0 <= i < N for i in ids)
+
+
+def test_reports_serve_only_their_own_files(tmp_path, world):
+    from fastapi.testclient import TestClient
+
+    from vlctl.serve import create_app
+    from vlctl.serve.state import find_reports
+
+    rep = tmp_path / "out" / "recipe-a"
+    (rep / "figures").mkdir(parents=True)
+    (rep / "report.html").write_text("<h1>report</h1><img src='figures/f.png'>")
+    Image.new("RGB", (4, 4)).save(rep / "figures" / "f.png")
+    (tmp_path / "out" / "secret.txt").write_text("no")
+    state = world_state(world)
+    state.reports = find_reports(tmp_path / "out")
+    c = TestClient(create_app(state))
+    info = c.get("/api/info").json()["reports"]
+    assert info == [{"id": "recipe-a", "title": "recipe-a", "url": "/reports/recipe-a/report.html",
+                     "figures": ["figures/f.png"]}]
+    assert c.get("/reports/recipe-a/report.html").text.startswith("<h1>report")
+    assert c.get("/reports/recipe-a/figures/f.png").headers["content-type"] == "image/png"
+    _error(c.get("/reports/recipe-a/../secret.txt"), 404)
+    _error(c.get("/reports/recipe-a/figures/../../secret.txt"), 404)
+
+
+def test_token_is_required_when_set(world):
+    from fastapi.testclient import TestClient
+
+    from vlctl.serve import ServeConfig, create_app
+
+    c = TestClient(create_app(world_state(world), ServeConfig(token="s3cret")))
+    assert "token" in _error(c.get("/api/info"), 401)
+    _error(c.get("/docs"), 401)
+    _error(c.get("/api/info", headers={"Authorization": "Bearer wrong"}), 401)
+    assert c.get("/api/info", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    page = c.get("/?token=s3cret")
+    assert page.status_code == 200 and "vlctl_token=s3cret" in page.headers["set-cookie"]
+    assert "HttpOnly" in page.headers["set-cookie"] and "SameSite=Strict" in page.headers["set-cookie"]
+    assert c.get("/api/images/store/1").status_code == 200  # the cookie the page got
+    c.cookies.clear()
+    _error(c.get("/api/images/store/1"), 401)
+
+
+def test_a_request_past_the_timeout_is_a_json_504(world, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from vlctl.serve import ServeConfig, create_app, work
+
+    monkeypatch.setattr(work, "search", lambda *a, **k: time.sleep(1.0))
+    c = TestClient(create_app(world_state(world), ServeConfig(request_timeout=0.05)))
+    t0 = time.perf_counter()
+    assert "longer than 0.05 s" in _error(c.post("/api/search", json={"collection": "store", "text": "a"}), 504)
+    assert time.perf_counter() - t0 < 0.9
+
+
+def test_cli_refusals(capsys, world):
+    from vlctl.cli import main
+
+    assert main(["serve", str(world["store"]), "--host", "0.0.0.0"]) == 2
+    assert "needs --token" in capsys.readouterr().err
+    assert main(["serve", str(world["store"]), "--demo"]) == 2
+    assert "one of them" in capsys.readouterr().err
+    assert main(["serve", "--demo", "--demo-dir", str(world["root"])]) == 2
+    err = capsys.readouterr().err
+    assert "no demo here" in err and err.count("\n") == 1
+    assert main(["serve", str(world["store"]), "--port", "70000"]) == 2
+    assert "--port" in capsys.readouterr().err
+
+
+def test_demo_stage_lookup(tmp_path):
+    from vlctl.io import VlctlError
+    from vlctl.recipes.shipped import stage_dir_name
+    from vlctl.serve.demo import _contains, find_stage
+
+    train = {"data": {"n": 3}, "lr": 0.1}
+    for name, key in (("embed", {**train, "templates": ["a {}"]}), ("fit", {"embed": {**train, "x": 1}}),
+                      ("fit", {"embed": {"data": {"n": 4}, "lr": 0.1}})):
+        d = tmp_path / stage_dir_name(name, key)
+        d.mkdir()
+        (d / "done.json").write_text(json.dumps({"stage": name, "key": key, "seconds": 1}))
+    (tmp_path / stage_dir_name("train", train)).mkdir()
+    assert _contains(train, {"a": {"b": train}}) and not _contains(train, {"data": {"n": 3}})
+    assert find_stage(tmp_path, "embed", train).name.startswith("embed-")
+    assert find_stage(tmp_path, "fit", train).name == stage_dir_name("fit", {"embed": {**train, "x": 1}})
+    with pytest.raises(VlctlError, match="not there"):
+        find_stage(tmp_path, "train", train, exact=True)  # no done.json: unfinished
+    with pytest.raises(VlctlError, match="expected one"):
+        find_stage(tmp_path, "fit", {"lr": 0.1})
+
+
+def test_cli_serves_the_store_as_asked(world, monkeypatch, capsys):
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    from vlctl.cli import main
+    from vlctl.serve.state import ExplainSet
+
+    seen: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+    monkeypatch.setattr(ExplainSet, "warm", lambda self: None)  # spaCy: the explain test loads it
+    monkeypatch.setenv("VLCTL_SERVE_TOKEN", "tok")
+    assert main(["serve", str(world["store"]), "--controlembed", str(world["ce"]), "--host", "0.0.0.0",
+                 "--port", "0", "--max-pixels", "5000"]) == 0
+    err = capsys.readouterr().err
+    assert seen["host"] == "0.0.0.0" and seen["port"] > 0 and f":{seen['port']}/?token=TOKEN" in err
+    c = TestClient(seen["app"])
+    _error(c.get("/api/info"), 401)
+    info = c.get("/api/info", headers={"Authorization": "Bearer tok"}).json()
+    assert info["collections"][0]["attributes"] == ["color", "size"] and not info["collections"][0]["tevi"]
+    assert info["limits"]["max_pixels"] == 5000
