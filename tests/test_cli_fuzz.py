@@ -88,6 +88,7 @@ def base_argv(paths: dict) -> dict[str, list[str]]:
         "reproduce": ["mad-clip", "--out", OUT],
         "verify": [D],
         "serve": [D, "--controlembed", D],
+        "audit": ["--encoder", "tiny:x", "--pairs", F, "--out", OUT],
     }
 
 

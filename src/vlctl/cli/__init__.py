@@ -36,6 +36,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("cluster", "methods:cluster", "cluster a store by one attribute (ControlEmbed) and draw a contact sheet per cluster"),
     ("explain", "explain:explain", "HilaCAM / Anchor / DiRe relevancy overlays of one image and its text(s) (3VL)"),
     ("tree", "explain:tree", "print the 3VL caption tree (levels and one-word hard negatives) of a caption"),
+    ("audit", "audit:audit", "3VL compositional audit of an encoder on your image-caption pairs (trees, accuracy by POS)"),
     ("eval retrieval", "evaluate:eval_retrieval", "zero-shot image-text retrieval recall@k both ways (CLIP_benchmark)"),
     ("reproduce", "evaluate:reproduce", "run a paper reproduction recipe stage by stage, with caching"),
     ("serve", "serve:serve", "a local web page to search, steer, cluster and explain a store (or the demo's: --demo)"),

@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import html
 import re
+import unicodedata
+from collections.abc import Mapping
 from typing import Any
 
 from vlctl.io import VlctlError
@@ -111,6 +114,242 @@ _WORD = re.compile(r"^[a-z]+$")
 _ALNUM = re.compile(r"\w+")
 _LETTERS = re.compile(r"[^\W\d_]+")
 _VOWELS = re.compile(r"[aeiou]+")
+
+
+
+# --- what a careful annotator keeps (issue 21) --------------------------------------------------
+# The curated tables above are kept as they were (OPPOSITES: the English word list and old callers).
+# The generator now uses the POS-aware tables below: a word's contrast depends on its part of
+# speech ("stand" the verb -> "sit"; "fruit stand" the noun must not become "fruit sit").
+
+# Everyday visual nouns grouped by kind (base forms; the COCO object categories and the scenes
+# they appear in). Within a group every word is a plausible, false replacement for the others.
+_NOUN_GROUPS = (
+    ("dog", "cat", "horse", "cow", "sheep", "bear", "elephant", "giraffe", "zebra", "bird"),
+    ("car", "bus", "truck", "train", "motorcycle", "bicycle", "airplane", "boat"),
+    ("pizza", "sandwich", "cake", "donut", "salad", "burger", "hot dog", "soup"),
+    ("banana", "apple", "orange", "broccoli", "carrot"),
+    ("table", "chair", "bed", "couch", "bench", "desk"),
+    ("kitchen", "bathroom", "bedroom", "office", "living room"),
+    ("beach", "field", "street", "road", "park", "forest", "city", "lake", "river", "ocean"),
+    ("grass", "snow", "sand", "water", "dirt"),
+    ("frisbee", "kite", "ball", "skateboard", "surfboard", "snowboard"),
+    ("shirt", "jacket", "hat", "dress", "coat", "helmet", "sweater"),
+    ("plate", "bowl", "cup", "mug", "bottle", "vase"),
+    ("fork", "knife", "spoon"),
+    ("laptop", "keyboard", "phone", "television", "computer", "monitor", "cell phone"),
+    ("tennis", "baseball", "soccer", "football", "golf"),
+    ("toilet", "sink", "bathtub", "shower", "mirror"),
+    ("refrigerator", "oven", "microwave", "stove"),
+    ("building", "house", "church", "tower"),
+    ("morning", "evening", "night"),
+    ("summer", "winter"),
+    ("clock", "sign", "lamp"),
+)
+_NOUN_PAIRS = (("man", "woman"), ("boy", "girl"), ("person", "animal"), ("people", "animals"), ("child", "adult"),
+               ("lady", "man"), ("guy", "woman"), ("day", "night"), ("front", "back"), ("top", "bottom"),
+               ("left", "right"), ("inside", "outside"))
+# Pairs a reader finds still true of the image (a bus is a kind of car to many; a bench is a
+# table to sit at): never offered, whatever the source.
+EXCLUDED_PAIRS = frozenset({("bus", "car"), ("car", "bus"), ("bench", "table"), ("table", "bench"),
+                            ("group", "set"), ("couple", "pair"), ("hold", "carry"), ("carry", "hold")})
+_ADJ_PAIRS = tuple(p for p in _PAIRS if p[0] not in ("on", "in", "into", "with", "above", "over", "up", "before",
+                                                     "man", "men", "boy", "boys", "day", "people", "person",
+                                                     "standing", "stands", "stand", "smiling", "front"))
+_ADJ_GROUPS = (_COLORS, ("wooden", "metal", "plastic", "stone", "brick", "paper", "leather"), ("round", "square"))
+# Verbs by valency: "flying a kite" -> "holding a kite", but "a plane flying" -> "a plane sitting".
+# Motion verbs only for animate subjects (TreeGenerator checks): "bagels sitting on a rack" may
+# become "standing", never "running".
+_VERB_INTRANSITIVE = (("stand", "sit", "lie"), ("look", "point"), ("smile", "frown"), ("sleep", "eat"))
+MOTION_VERBS = (("walk", "run", "jump"),)
+_VERB_TRANSITIVE = (("ride", "push", "pull"), ("hold", "throw", "drop"), ("carry", "push", "pull"),
+                    ("wear", "hold"), ("eat", "cut", "hold"), ("fly", "hold"), ("throw", "catch"),
+                    ("catch", "throw"), ("hit", "miss"), ("play", "watch"), ("cut", "eat"), ("open", "close"),
+                    ("close", "open"), ("drive", "push"), ("read", "write"), ("feed", "pet"), ("pet", "feed"))
+
+
+def _pos_tables() -> dict[str, dict[str, tuple[str, ...]]]:
+    def groups(gs, pairs=()) -> dict[str, tuple[str, ...]]:
+        t: dict[str, list[str]] = {}
+        for g in gs:
+            for w in g:
+                t.setdefault(w, []).extend(o for o in g if o != w)
+        for a, b in pairs:
+            t.setdefault(a, []).append(b)
+            t.setdefault(b, []).append(a)
+        return {k: tuple(o for o in dict.fromkeys(v) if (k, o) not in EXCLUDED_PAIRS) for k, v in t.items()}
+
+    adj = groups(_ADJ_GROUPS, _ADJ_PAIRS)
+    adj["grey"] = tuple(c for c in _COLORS if c != "gray")
+    trans: dict[str, list[str]] = {}
+    for head, *others in _VERB_TRANSITIVE:
+        trans.setdefault(head, []).extend(others)
+    return {"NOUN": groups(_NOUN_GROUPS, _NOUN_PAIRS), "ADJ": adj, "VERB": groups(_VERB_INTRANSITIVE),
+            "VERB_T": {k: tuple(v) for k, v in trans.items()}, "VERB_MOTION": groups(MOTION_VERBS)}
+
+
+POS_TABLES = _pos_tables()
+
+# Prepositions: a contrast that keeps the sentence grammatical and makes it false. The object's
+# kind decides ("on a table" -> "under a table", but "on the beach" -> "near the beach").
+# key: (preposition, object kind) with kind "thing" (an artifact, food, animal, person, plant),
+# "garment" (clothing) or "place" (anything else); "*" for any kind.
+ADP_CONTRASTS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("on", "thing"): ("under", "beside"), ("on", "place"): ("near",), ("on", "garment"): ("under",),
+    ("in", "thing"): ("beside", "outside"), ("in", "place"): ("near",), ("in", "garment"): ("without",),
+    ("near", "thing"): ("on", "under"), ("near", "place"): ("in",), ("near", "garment"): ("on",),
+    ("under", "*"): ("on", "beside"), ("underneath", "*"): ("on",), ("beneath", "*"): ("above",),
+    ("above", "*"): ("below",), ("below", "*"): ("above",), ("over", "*"): ("under",),
+    ("behind", "*"): ("beside",), ("beside", "*"): ("behind",),
+    ("inside", "*"): ("outside",), ("outside", "*"): ("inside",), ("within", "*"): ("outside",),
+    ("with", "*"): ("without",), ("without", "*"): ("with",),
+    ("up", "*"): ("down",), ("down", "*"): ("up",), ("onto", "*"): ("off",), ("off", "*"): ("onto",),
+    ("across", "*"): ("along",), ("along", "*"): ("across",), ("before", "*"): ("after",), ("after", "*"): ("before",),
+}
+ADP_REPLACED = frozenset(p for p, _ in ADP_CONTRASTS)
+# Fixed phrases whose words are never replaced one at a time ("on top of", "next to", "in front of").
+FIXED_PHRASES = (("on", "top", "of"), ("next", "to"), ("in", "front", "of"), ("close", "to"), ("front", "of"),
+                 ("in", "order", "to"), ("a", "couple", "of"), ("a", "lot", "of"), ("a", "group", "of"),
+                 ("a", "bunch", "of"), ("a", "pair", "of"), ("a", "few"))
+# Adjectives that only determine or compare ("other", "same"): no visual contrast to make.
+NON_VISUAL_ADJ = frozenset({"other", "another", "same", "different", "such", "only", "own", "various", "certain",
+                            "main", "whole", "entire", "next", "able", "unable", "ready", "sure", "likely", "much",
+                            "more", "most", "less", "least", "few", "lots", "several", "many", "enough", "each",
+                            "numerous", "similar", "single", "double", "together", "alone", "close"})
+# The head nouns of quantity phrases ("a couple of dogs", "a group of people"): the phrase is a
+# determiner, not an object of the image.
+QUANTITY_NOUNS = frozenset({"couple", "group", "bunch", "pair", "lot", "lots", "number", "set", "herd", "flock",
+                            "crowd", "row", "pile", "stack", "variety", "assortment", "team", "line",
+                            "collection", "plate", "bowl", "box", "piece", "slice", "kind", "type", "view",
+                            "picture", "photo", "image", "close", "side", "top", "front", "middle", "edge",
+                            "back", "bottom", "end", "part"})
+# The lowest Zipf frequency (wordfreq, log10 of occurrences per billion words) a replacement may
+# have: below it words are ones a reader stops at ("hydride" 2.5, "dicot" 1.9; "giraffe" 3.4).
+# Measured with experiments/trees_quality.py (docs: issue 21).
+MIN_ZIPF = 3.0
+
+_ZERO_WIDTH = re.compile("[\u200b\u200c\u200d\u2060\ufeff\u00ad]")
+_TAG = re.compile(r"<[^<>]{0,200}>")
+_URL = re.compile(r"(?:https?://|www\.)\S+", re.IGNORECASE)
+_SPACE = re.compile(r"\s+")
+_ALLCAPS = re.compile(r"\b[A-Z]{2,}\b")
+
+
+def normalize_caption(caption: str) -> tuple[str, list[str]]:
+    """(text, steps): the caption cleaned for parsing, and the names of the steps that changed it.
+
+    Steps, in order: "html_entities" (&amp; -> &, twice for double escapes), "html_tags",
+    "urls", "zero_width" (zero-width and soft-hyphen characters), "symbols" (emoji and other
+    pictographs, Unicode category So/Cs/Co), "whitespace" (tabs, newlines, non-breaking and
+    repeated spaces -> one space), "all_caps" (a word of 2+ capitals in a caption that is not
+    all capitals, like "ON" in "ring and ON finger", is lowered; an all-caps caption is lowered
+    whole). Leading and trailing whitespace is left as it is (the tree's last level is the
+    caption verbatim when nothing else changed) when it is plain spaces; a newline or tab there
+    is removed (step "whitespace").
+    """
+    steps = []
+    lead = caption[: len(caption) - len(caption.lstrip())]
+    trail = caption[len(caption.rstrip()):]
+    text = caption.strip()
+
+    def step(name: str, new: str) -> None:
+        nonlocal text
+        if new != text:
+            steps.append(name)
+            text = new
+
+    step("html_entities", html.unescape(html.unescape(text)))
+    step("html_tags", _TAG.sub(" ", text))
+    step("urls", _URL.sub(" ", text))
+    step("zero_width", _ZERO_WIDTH.sub("", text))
+    step("symbols", "".join(" " if unicodedata.category(c) in ("So", "Cs", "Co") else c for c in text))
+    step("whitespace", _SPACE.sub(" ", text).strip())
+    letters = [c for c in text if c.isalpha()]
+    if letters and all(c.isupper() for c in letters) and len(letters) > 3:
+        step("all_caps", text.lower())
+    else:
+        step("all_caps", _ALLCAPS.sub(lambda m: m.group(0).lower(), text))
+    if (lead.strip(" ") or trail.strip(" ")) and "whitespace" not in steps:  # a newline or tab at the ends
+        steps.append("whitespace")
+    if not steps:
+        return lead + text + trail, []
+    return text, steps
+
+
+@functools.lru_cache(maxsize=200_000)
+def zipf(word: str) -> float:
+    """wordfreq's Zipf frequency of an English word or phrase (0 when unknown)."""
+    from wordfreq import zipf_frequency
+
+    return zipf_frequency(word, "en")
+
+
+@functools.lru_cache(maxsize=100_000)
+def inflect_like(word: str, tag: str, upos: str) -> str | None:
+    """`word` put into the Penn `tag`'s form with lemminflect ("sit" VBG -> "sitting", "hide" VBD
+    -> "hid", "mouse" NNS -> "mice"); None when lemminflect does not know the word in that part
+    of speech (no made-up forms like "darked"). Base tags (NN, VB, VBP, JJ) return the lemma.
+    A phrase ("hot dog") inflects its last word.
+    """
+    from lemminflect import getAllInflections, getAllLemmas, getInflection
+
+    if " " in word:
+        head, _, last = word.rpartition(" ")
+        got = inflect_like(last, tag, upos)
+        return None if got is None else f"{head} {got}"
+    lemmas = getAllLemmas(word, upos).get(upos)
+    lemma = lemmas[0] if lemmas else word
+    if tag in ("NN", "VB", "VBP", "JJ") or (upos == "NOUN" and tag == "NNP"):
+        return lemma
+    if upos == "NOUN" and not getAllInflections(lemma, upos):
+        # nouns lemminflect lacks: a regular plural only for a plain word
+        return pluralize(lemma) if tag == "NNS" else lemma
+    if not getAllInflections(lemma, upos):
+        return None
+    got = getInflection(lemma, tag)
+    return got[0] if got else None
+
+
+@functools.lru_cache(maxsize=100_000)
+def article_for(word: str) -> str:
+    """"a" or "an" before `word` (inflect's rules: "an old", "a young", "an hour", "a unicorn")."""
+    import inflect
+
+    return _inflect_engine(inflect).a(word).split(" ", 1)[0]
+
+
+@functools.lru_cache(maxsize=1)
+def _inflect_engine(module):
+    return module.engine()
+
+
+def pos_table(pos: str, transitive: bool = False, animate: bool = True) -> Mapping[str, tuple[str, ...]]:
+    """The curated contrast table of a coarse POS (verbs with an object use the transitive one;
+    verbs of an animate subject add the motion verbs walk/run/jump)."""
+    if pos == "VERB" and transitive:
+        return POS_TABLES["VERB_T"]
+    if pos == "VERB" and animate:
+        return {**POS_TABLES["VERB"], **POS_TABLES["VERB_MOTION"]}
+    return POS_TABLES.get(pos, {})
+
+
+# Two-word nouns WordNet lacks as one lemma ("cell phone", "stop sign"): one unit, never split.
+COMPOUNDS = frozenset({"stop sign", "street sign", "traffic light", "fire hydrant", "parking meter", "tennis racket",
+                       "baseball bat", "baseball glove", "teddy bear", "cell phone", "hot dog", "living room",
+                       "train track", "train tracks", "tennis court", "ice cream", "fire truck", "wine glass",
+                       "hair dryer", "toilet paper", "dining table", "computer mouse", "remote control",
+                       "pizza box", "tennis ball", "baseball player", "tennis player", "double decker"})
+# Adjectives only people and animals take ("a young stop sign" is nonsense).
+ANIMATE_ADJ = frozenset({"young", "happy", "sad", "asleep", "awake", "male", "female", "smiling", "frowning"})
+# ... and adjectives people and animals do not take ("a new man").
+INANIMATE_ADJ = frozenset({"new", "wooden", "metal", "plastic", "stone", "brick", "paper", "leather", "open",
+                           "closed", "full", "empty", "round", "square"})
+
+# Objects a thing is trivially "near" when it is on or in them ("on the ground" -> "near the
+# ground" stays true): no near/in swap for these.
+NO_NEAR_OBJECTS = frozenset({"ground", "floor", "corner", "sky", "air", "side", "edge", "surface", "street",
+                             "sidewalk", "road", "top", "bottom", "middle", "background", "foreground", "distance"})
+
 
 
 def pluralize(noun: str) -> str:
@@ -224,20 +463,32 @@ def _is_known(word: str, known: frozenset[str]) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=100_000)
+def _morphy_known(wn, word: str) -> bool:
+    """WordNet's own morphology ("children" -> child, "geese" -> goose): irregular forms the
+    suffix rules miss."""
+    return any(wn._morphy(word, p) for p in "nvar")
+
+
 def check_caption(caption: Any, what: str = "caption", max_words: int = MAX_WORDS, wn=None) -> str:
     """Return `caption` if it is usable English text, else raise VlctlError naming the problem.
 
-    Rules: a non-empty string with at least one letter or digit; at most `max_words`
+    The checks see the normalised text (`normalize_caption`: no HTML, URLs, emoji). Rules: a
+    non-empty string with at least one letter; at most `max_words`
     whitespace-separated words and MAX_CHARS characters; at most 30% of its letters non-ASCII; at
     least half of its words known English words (at least one when WordNet is absent).
     """
     if not isinstance(caption, str):
         raise VlctlError(f"{what} must be a string, got {type(caption).__name__}")
-    text = caption.strip()
-    if not text:
+    if not caption.strip():
         raise VlctlError(f"{what} is empty")
+    text = normalize_caption(caption)[0].strip()  # the text a tree is built from
+    if not text:
+        raise VlctlError(f"{what} {caption[:80]!r} is empty once markup, URLs and symbols are removed")
     if not any(c.isalnum() for c in text):
         raise VlctlError(f"{what} {caption!r} has no letters or digits (punctuation only)")
+    if not any(c.isalpha() for c in text):
+        raise VlctlError(f"{what} {caption[:80]!r} has no words (only digits and punctuation)")
     n_words = len(text.split())
     if n_words > max_words or len(text) > MAX_CHARS:
         raise VlctlError(f"{what} is too long: {n_words} words / {len(text)} characters; the limit is "
@@ -249,7 +500,7 @@ def check_caption(caption: Any, what: str = "caption", max_words: int = MAX_WORD
     words = [w.lower() for w in _LETTERS.findall(text)]
     if words:
         known = _english_words(wn)
-        n_known = sum(_is_known(w, known) for w in words)
+        n_known = sum(_is_known(w, known) or (wn is not None and _morphy_known(wn, w)) for w in words)
         need = 0.5 * len(words) if wn is not None else 1
         if n_known < need:
             raise VlctlError(f"{what} {caption[:80]!r} does not look like English ({n_known} of {len(words)} words "

@@ -32,6 +32,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -45,22 +46,39 @@ from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_ha
     _ALNUM,
     _COPULA,
     _WORD,
+    ADP_CONTRASTS,
+    ADP_REPLACED,
+    ANIMATE_ADJ,
     CLOSED_CLASS,
+    COMPOUNDS,
+    EXCLUDED_PAIRS,
+    FIXED_PHRASES,
+    INANIMATE_ADJ,
     MAX_CHARS,
     MAX_WORDS,
+    MIN_ZIPF,
+    NO_NEAR_OBJECTS,
+    NON_VISUAL_ADJ,
     OPPOSITES,
+    POS_TABLES,
+    QUANTITY_NOUNS,
     STAGES,
     _hash_int,
     _match_case,
     _nlp_id,
+    article_for,
     caption_hash,
     check_caption,
     get_nlp,
+    inflect_like,
     inflect_verb,
+    normalize_caption,
     pluralize,
+    pos_table,
+    zipf,
 )
 
-GENERATOR_VERSION = "3vl-trees-1"
+GENERATOR_VERSION = "3vl-trees-2"
 TREE_POS = ("NOUN", "ADJ", "ADP", "VERB")
 
 
@@ -135,26 +153,34 @@ class TreeCache:
 class TreeGenerator:
     """Builds 3VL caption trees (see the module docstring).
 
-    seed        : picks among the candidates of a stage (with a hash of the caption)
-    opposites   : domain table {word: [replacements]}; its entries come before the curated ones
-    vocabulary  : when given, every replacement word must be in it (a synthetic dataset's words)
-    mlm         : optional masked-LM generator (caption tokens, token index) -> candidate words
-    wordnet_dir : WordNet folder; default $VLCTL_WORDNET_DIR, nltk_data, /usr/share/wordnet
-    use_wordnet : False skips WordNet (curated tables only)
-    pos         : coarse spaCy POS tags that get negatives
-    cache_path  : JSONL tree cache (TreeCache)
-    max_words   : longer captions are refused
+    seed         : picks among the candidates of a stage (with a hash of the caption)
+    opposites    : domain table {word: [replacements]}; its entries come before the curated ones
+                   and are taken as they are (no frequency or WordNet filter: the domain's words)
+    vocabulary   : when given, every replacement word must be in it (a synthetic dataset's words)
+    mlm          : optional masked-LM generator (caption tokens, token index) -> candidate words
+    wordnet_dir  : WordNet folder; default $VLCTL_WORDNET_DIR, nltk_data, /usr/share/wordnet
+    use_wordnet  : False skips WordNet (curated tables only)
+    pos          : coarse spaCy POS tags that get negatives
+    cache_path   : JSONL tree cache (TreeCache)
+    max_words    : longer captions are refused
+    pos_overrides: {word: coarse POS} forced over spaCy's tag ("striped": "ADJ" where spaCy reads
+                   a verb); the parse's noun chunks then follow the forced tags
+    min_zipf     : replacements rarer than this wordfreq Zipf frequency are never used
 
     `tree(caption)` -> [{"positive": str, "negatives": [str], "negative_pos": [str]}, ...];
-    with details=True each level also has "replaced" [[word, replacement, pos, stage]] and
-    "missed" [[word, pos]] (tokens for which no stage had a candidate).
+    with details=True each level also has "replaced" [[word, replacement, pos, stage]],
+    "missed" [[word, pos]] (every tree-POS word of the level left without a negative) and
+    "missed_reason" [str] (why, aligned with "missed"). When the input was normalised (HTML,
+    whitespace, all-caps words, ...), the last level also has "normalized": {"from": the input,
+    "steps": [...]} (public format too) and its positive is the normalised caption.
     """
 
     def __init__(self, seed: int = 0, opposites: Mapping[str, Sequence[str]] | None = None,
                  vocabulary: Iterable[str] | None = None, mlm: Callable[[list[str], int], list[str]] | None = None,
                  wordnet_dir: str | os.PathLike | None = None, use_wordnet: bool = True,
                  pos: Sequence[str] = TREE_POS, cache_path: str | os.PathLike | None = None,
-                 max_words: int = MAX_WORDS):
+                 max_words: int = MAX_WORDS, pos_overrides: Mapping[str, str] | None = None,
+                 min_zipf: float = MIN_ZIPF):
         self.seed = seed
         self.opposites = opposites
         self.vocabulary = vocabulary
@@ -164,13 +190,15 @@ class TreeGenerator:
         self.pos = pos
         self.cache_path = cache_path
         self.max_words = max_words
+        self.pos_overrides = pos_overrides
+        self.min_zipf = min_zipf
         self._ready = False
 
     # state derived from the hyperparameters on first use
     def _prepare(self) -> None:
         if self._ready:
             return
-        self.table_ = dict(OPPOSITES)
+        self.domain_ = {}
         for word, repl in (self.opposites or {}).items():
             if not isinstance(word, str) or isinstance(repl, str) or not all(isinstance(r, str) for r in repl):
                 raise VlctlError(f"opposites: entry {word!r}: {repl!r} must map a word to a list of words")
@@ -178,8 +206,14 @@ class TreeGenerator:
             if bad:
                 raise VlctlError(f"opposites: entry {word!r} has non-word(s) {bad}; a negative replaces one word "
                                  "by one word (lowercase letters only)")
-            # a domain entry replaces the curated one for that word (its words are the domain's)
-            self.table_[word.lower()] = tuple(dict.fromkeys([r.lower() for r in repl]))
+            self.domain_[word.lower()] = tuple(dict.fromkeys([r.lower() for r in repl]))
+        overrides = {}
+        for word, tag in (self.pos_overrides or {}).items():
+            if not isinstance(word, str) or not _WORD.match(word.lower()) or tag not in _OVERRIDE_TAGS:
+                raise VlctlError(f"pos_overrides: entry {word!r}: {tag!r} must map a word to one of "
+                                 f"{sorted(_OVERRIDE_TAGS)}")
+            overrides[word.lower()] = tag
+        self.overrides_ = overrides
         self.vocab_ = None if self.vocabulary is None else frozenset(w.lower() for w in self.vocabulary)
         self.wn_ = wnmod.load_wordnet(self.wordnet_dir) if self.use_wordnet else None
         self.pos_ = tuple(self.pos)
@@ -190,8 +224,12 @@ class TreeGenerator:
             "mlm": None if self.mlm is None else getattr(self.mlm, "__qualname__", type(self.mlm).__name__),
             "wordnet": None if self.wn_ is None else self.wn_.get_version(),
             "pos": list(self.pos_),
+            "pos_overrides": sorted(overrides.items()),
+            "min_zipf": self.min_zipf,
             "spacy": _nlp_id(),
-            "tables": hashlib.sha256(json.dumps([sorted(OPPOSITES.items()), sorted(CLOSED_CLASS.items())])
+            "tables": hashlib.sha256(json.dumps([sorted(OPPOSITES.items()), sorted(CLOSED_CLASS.items()),
+                                                 sorted((k, sorted(v.items())) for k, v in POS_TABLES.items()),
+                                                 sorted(map(list, ADP_CONTRASTS.items()))])
                                      .encode()).hexdigest()[:16],
         }
         self.fingerprint_ = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
@@ -204,78 +242,331 @@ class TreeGenerator:
         s = self.seed if seed is None else seed
         return hashlib.sha256(f"{GENERATOR_VERSION}\x1f{s}\x1f{self.fingerprint_}\x1f{caption}".encode()).hexdigest()
 
+    # -- the parse --
+
+    def _retag(self, doc) -> None:
+        """Forced tags (pos_overrides), then lower-case PROPN that WordNet knows as a common word
+        ("white" in "white surfboard") read as that word: before noun chunks are computed."""
+        for tok in doc:
+            lower = tok.lower_
+            if lower in self.overrides_:
+                pos = self.overrides_[lower]
+                tok.tag_ = _tag_for(pos, tok.tag_)
+                tok.pos_ = pos
+            elif tok.pos_ == "PROPN" and (tok.text.islower() or tok.i == 0) and self.wn_ is not None:
+                noun, adj = wnmod.knows(self.wn_, lower, "NOUN"), wnmod.knows(self.wn_, lower, "ADJ")
+                if adj and (tok.dep_ in ("amod", "compound") or not noun):
+                    tok.pos_, tok.tag_ = "ADJ", "JJ"
+                elif noun:
+                    tok.pos_, tok.tag_ = "NOUN", "NNS" if tok.tag_ == "NNPS" else "NN"
+
+    def _units(self, doc) -> dict[int, tuple[int, int]]:
+        """Token spans that are one word for levels and negatives: WordNet compounds ("fire
+        hydrant", "hot dog") and hyphenated words ("long-haired"). {token index: (start, end)}."""
+        where: dict[int, tuple[int, int]] = {}
+        i, n = 0, len(doc)
+        while i < n:
+            j = i
+            # hyphenated: word-word with no spaces around the hyphen
+            while (j + 2 < n and doc[j + 1].text == "-" and not doc[j].whitespace_ and not doc[j + 1].whitespace_
+                   and doc[j + 2].is_alpha):
+                j += 2
+            if j > i:
+                for k in range(i, j + 1):
+                    where[k] = (i, j + 1)
+                i = j + 1
+                continue
+            if (self.wn_ is not None and i + 1 < n and doc[i].is_alpha and doc[i + 1].is_alpha
+                    and doc[i].pos_ in ("NOUN", "ADJ", "PROPN", "VERB") and doc[i + 1].pos_ in ("NOUN", "ADJ", "PROPN")
+                    and doc[i].lower_ not in NON_VISUAL_ADJ
+                    and (f"{doc[i].lower_} {doc[i + 1].lower_}" in COMPOUNDS
+                         or self._wn_compound(doc[i], doc[i + 1]))):
+                where[i] = where[i + 1] = (i, i + 2)
+                i += 2
+                continue
+            i += 1
+        return where
+
+    def _wn_compound(self, first, second) -> bool:
+        """A WordNet compound noun; with an adjective first, not a person ("old man" = father and
+        "little girl" are an adjective and a noun for a caption; "hot dog" is food)."""
+        words = (first.lower_, wnmod.base_form(self.wn_, second.lower_, "NOUN"))
+        if not wnmod.is_compound(self.wn_, words):
+            return False
+        if first.pos_ != "ADJ":
+            return True
+        sense = wnmod.most_frequent_sense(self.wn_, "_".join(words), "NOUN")
+        return sense is not None and sense.lexname() != "noun.person"
+
+    def _fixed(self, doc) -> dict[int, str]:
+        """Tokens inside a fixed phrase ("on top of", "next to", "a couple of"): {index: phrase}."""
+        low = [t.lower_ for t in doc]
+        out: dict[int, str] = {}
+        for phrase in FIXED_PHRASES:
+            k = len(phrase)
+            for i in range(len(low) - k + 1):
+                if tuple(low[i:i + k]) == phrase:
+                    for j in range(i, i + k):
+                        out.setdefault(j, " ".join(phrase))
+        return out
+
     # -- candidates --
 
-    def _stages(self, lower: str, tag: str, pos: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
-        """Context-free candidate lists per stage for one word (cached): [(stage, words)]."""
-        key = (lower, tag, pos)
+    def _candidates(self, lower: str, base: str, tag: str, pos: str, transitive: bool, kind: str,
+                    adjectival: bool, animate: bool = True) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """Context-free candidate lists per stage for one word (cached): [(stage, words)], each
+        word already in the original's form, filtered (frequency, same lemma, synonyms,
+        hypernyms, hyponyms)."""
+        key = (lower, base, tag, pos, transitive, kind, adjectival, animate)
         hit = self._stage_cache.get(key)
         if hit is not None:
             return hit
         wn = self.wn_
-        base = wnmod.base_form(wn, lower, pos) if wn is not None else _crude_base(lower, tag)
 
-        def inflect(words: Iterable[str]) -> tuple[str, ...]:
-            if pos == "NOUN" and tag == "NNS":
-                words = [pluralize(w) for w in words]
-            elif pos == "VERB" and tag in ("VBG", "VBZ", "VBD", "VBN"):
-                words = [inflect_verb(w, tag) for w in words]
-            return tuple(words)
+        def form(words: Iterable[str], domain: bool = False) -> tuple[str, ...]:
+            out = []
+            for w in words:
+                if (pos == "NOUN" and tag == "NNS") or (pos == "VERB" and tag in ("VBG", "VBZ", "VBD", "VBN")) \
+                        or (pos == "ADJ" and tag in ("JJR", "JJS")):
+                    got = inflect_like(w, tag, "VERB" if pos == "VERB" else pos)
+                    if got is None and domain:
+                        got = pluralize(w) if pos == "NOUN" else inflect_verb(w, tag) if pos == "VERB" else w
+                    if got is None:
+                        continue
+                    w = got
+                out.append(w)
+            return tuple(out)
 
-        out = []
-        if lower in self.table_:
-            out.append(("table", self.table_[lower]))
-        elif base in self.table_:
-            out.append(("table", inflect(self.table_[base])))
-        if wn is not None:
-            out.append(("antonym", inflect(wnmod.antonyms(wn, base, pos))))
-            out.append(("co_hyponym", inflect(wnmod.co_hyponyms(wn, base, pos))))
+        def keep(words: Iterable[str], domain: bool = False) -> tuple[str, ...]:
+            out = []
+            for w in words:
+                if w in (lower, base) or not _PHRASE.match(w) or (base, w) in EXCLUDED_PAIRS:
+                    continue
+                if not domain:
+                    if wn is not None and pos in wnmod.WN_POS and (
+                            wnmod.is_related(wn, base, w, pos) or wnmod.is_related(wn, lower, w, pos)):
+                        continue
+                    if zipf(w) < self.min_zipf:
+                        continue
+                out.append(w)
+            return tuple(dict.fromkeys(out))
+
+        out: list[tuple[str, tuple[str, ...]]] = []
+        if lower in self.domain_:
+            out.append(("table", keep(self.domain_[lower], domain=True)))
+        elif base in self.domain_:
+            out.append(("table", keep(form(self.domain_[base], domain=True), domain=True)))
+        if pos == "ADP":
+            words = ADP_CONTRASTS.get((lower, kind)) or ADP_CONTRASTS.get((lower, "*"), ())
+            if self.vocab_ is not None:
+                # a closed domain (scenes): every contrast of the preposition, the kind's first
+                words = tuple(dict.fromkeys([*words, *(w for (q, _), ws in ADP_CONTRASTS.items() if q == lower
+                                                       for w in ws)]))
+            out.append(("table", keep(words)))
+        elif adjectival:
+            # a participle used as an adjective ("the opened fridge", "a lit sign"): the
+            # adjective's contrast, uninflected ("closed", "dark")
+            out.append(("table", keep(pos_table("ADJ").get(base, ()) or pos_table("ADJ").get(lower, ()))))
+        else:
+            table = pos_table(pos, transitive, animate)
+            if lower in table and pos != "VERB":
+                out.append(("table", keep(table[lower])))
+            elif base in table:
+                out.append(("table", keep(form(table[base]))))
+        if wn is not None and pos in ("NOUN", "ADJ", "VERB"):
+            out.append(("antonym", keep(form(wnmod.mfs_antonyms(wn, base, pos)))))
+            if pos == "NOUN":
+                sisters = keep(form(n.replace("_", " ") for n in wnmod.mfs_co_hyponyms(wn, base, pos)))
+                # WordNet sisters are the noisiest source: only everyday words (Zipf >= 3.5)
+                out.append(("co_hyponym", tuple(w for w in sisters if zipf(w) >= self.min_zipf + 0.5)))
         out.append(("mlm", ()))  # context-dependent: filled per token
-        out.append(("closed_class", CLOSED_CLASS.get(pos, ())))
-        res = tuple((stage, tuple(w for w in words if w != lower and w != base and _WORD.match(w)))
-                    for stage, words in out)
+        if wn is None and pos in CLOSED_CLASS:
+            out.append(("closed_class", keep(CLOSED_CLASS[pos])))
+        res = tuple(out)
         self._stage_cache[key] = res
         return res
 
+    def _skip_reason(self, doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int]]) -> str | None:
+        """Why a tree-POS token gets no negative before any candidate is looked for, or None."""
+        lower = tok.lower_
+        if tok.pos_ == "PROPN":
+            return "proper noun"
+        if lower in _COPULA:
+            return "copula"
+        if tok.i in units and units[tok.i][1] - units[tok.i][0] > 1:
+            a, b = units[tok.i]
+            if any(doc[k].text == "-" for k in range(a, b)):
+                return f"part of hyphenated word {doc[a:b].text!r}"
+            if tok.i != b - 1:
+                return f"modifier inside compound {doc[a:b].text!r}"
+        if tok.i in fixed:
+            return f"fixed phrase {fixed[tok.i]!r}"
+        if tok.pos_ == "ADP":
+            if lower == "of":
+                return "'of' is never replaced"
+            if tok.dep_ == "prt":
+                return "particle of a phrasal verb"
+            if lower not in ADP_REPLACED:
+                return "no preposition contrast that keeps the grammar"
+            if not any(c.dep_ in ("pobj", "pcomp") for c in tok.children):
+                return "preposition without an object"
+            if lower == "with" and tok.head.pos_ not in ("NOUN", "PROPN", "PRON"):
+                return "'with' governed by a verb"
+            head = tok.head
+            # (a curated list: WordNet's verb lemmas are too broad, "stand_in" = substitute)
+            if head.pos_ == "VERB" and head.i == tok.i - 1 and (_verb_lemma(head.lower_), lower) in PHRASAL_VERBS:
+                return f"phrasal verb {head.text + ' ' + tok.text!r}"
+            objs = [c for c in tok.children if c.dep_ == "pobj"]
+            if objs and lower in ("on", "in") and objs[0].lower_ in NO_NEAR_OBJECTS:
+                return f"no false contrast for {tok.text + ' ' + objs[0].text!r}"
+            if objs and objs[0].lower_ in IDIOM_OBJECTS and not any(c.dep_ in ("det", "poss") for c in objs[0].children):
+                return f"idiom {tok.text + ' ' + objs[0].text!r}"
+        if tok.pos_ == "ADJ" and lower in NON_VISUAL_ADJ:
+            return "determiner-like adjective"
+        if tok.pos_ == "NOUN" and tok.dep_ == "compound" and tok.head.i > tok.i:
+            return f"noun modifier of {tok.head.text!r}"
+        if tok.pos_ == "VERB":
+            if any(c.dep_ == "prt" for c in tok.children):
+                return "verb of a phrasal verb"
+            nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
+            if nxt is not None and nxt.pos_ == "ADP" and (_verb_lemma(lower), nxt.lower_) in PHRASAL_VERBS:
+                return f"phrasal verb {tok.text + ' ' + nxt.text!r}"
+            if tok.tag_ == "VB" and tok.i > 0 and doc[tok.i - 1].lower_ == "to":
+                return "infinitive (no subject to contrast)"
+        if tok.pos_ == "NOUN" and lower in QUANTITY_NOUNS and any(c.lower_ == "of" for c in tok.children):
+            return "head of a quantity phrase"
+        return None
+
     def _replace(self, doc, i: int, caption: str, seed: int, render: Callable[[str], str],
-                 positives: set[str]) -> tuple[str, str, str] | None:
-        """(negative text, replacement word, stage) for token i, or None when no stage has one."""
+                 positives: set[str], span: tuple[int, int]) -> tuple[str, str, str] | str:
+        """(negative text, replacement word, stage) for token i (or its unit), or the reason
+        why none was found."""
         tok = doc[i]
-        lower = tok.text.lower()
+        a, b = span
+        lower = doc[a:b].text.lower() if b - a > 1 else tok.lower_
+        pos, tag = tok.pos_, tok.tag_
+        wn = self.wn_
+        if b - a > 1:  # a compound: its WordNet lemma
+            base = " ".join([t.lower_ for t in doc[a:b - 1]] + [wnmod.base_form(wn, doc[b - 1].lower_, "NOUN")])
+            pos = "NOUN"
+        elif pos == "VERB" and tag in ("VBN", "VBD") and tok.dep_ == "amod":
+            base = _verb_lemma(lower)
+        else:
+            base = wnmod.base_form(wn, lower, pos) if wn is not None else _crude_base(lower, tag)
+            if pos == "VERB":
+                base = _verb_lemma(lower) if wn is None else base
+        transitive = pos == "VERB" and any(c.dep_ in ("dobj", "obj") for c in tok.children)
+        kind = "*"
+        if pos == "ADP":
+            objs = [c for c in tok.children if c.dep_ == "pobj"]
+            kind = wnmod.object_kind(wn, wnmod.base_form(wn, objs[0].lower_, "NOUN")) if objs and wn else "thing"
+        adjectival = pos == "VERB" and tag in ("VBN", "VBD") and tok.dep_ == "amod"
+        animate = self._animate_subject(tok) if pos == "VERB" else True
+        person = pos != "VERB" or self._animate_subject(tok, people_only=True)
+        if pos == "ADJ":
+            animate = self._animate_noun(tok.head) if tok.head is not tok else True
         h = _hash_int(seed, caption, i)
-        for stage, words in self._stages(lower, tok.tag_, tok.pos_):
+        n_seen = 0
+        # a word the level already has makes a muddled negative ("a stove and stove"); a domain
+        # table's words are the domain's (scenes swap "blue" for the "yellow" of another object)
+        seen = set(_ALNUM.findall(render(doc[a:b].text).lower()))
+        domain = lower in self.domain_ or base in self.domain_
+        for k_stage, (stage, words) in enumerate(self._candidates(lower, base.replace("_", " "), tag, pos,
+                                                                  transitive and person, kind, adjectival, animate)):
+            if not (domain and k_stage == 0):
+                words = tuple(w for w in words if w not in seen and not (
+                    pos == "ADJ" and (w in ANIMATE_ADJ if not animate
+                                      else w in INANIMATE_ADJ and self._head_is_animate(tok))))
             if stage == "mlm":
                 if self.mlm is None:
                     continue
                 words = tuple(w.strip().lower() for w in self.mlm([t.text for t in doc], i))
                 words = tuple(w for w in dict.fromkeys(words) if w != lower and _WORD.match(w))
             if self.vocab_ is not None:
-                words = tuple(w for w in words if w in self.vocab_)
+                words = tuple(w for w in words if all(p in self.vocab_ for p in w.split(" ")))
             n = len(words)
+            n_seen += n
             for k in range(n):
                 word = words[(h + k) % n]
-                text = render(_match_case(word, tok.text))
+                text = render(_match_case(word, doc[a].text))
                 if text not in positives:
                     return text, word, stage
-        return None
+        return "every candidate is a positive" if n_seen else "no candidate (after the frequency and WordNet filters)"
+
+    def _animate_subject(self, verb, people_only: bool = False) -> bool:
+        """Whether the verb's subject (nsubj, or the noun an acl/relcl verb modifies) is a person
+        or an animal (only a person with people_only), or a personal pronoun; True when unknown."""
+        subj = [c for c in verb.children if c.dep_ in ("nsubj", "nsubjpass")]
+        noun = subj[0] if subj else verb.head if verb.dep_ in ("acl", "relcl", "advcl") else None
+        return True if noun is None else self._animate_noun(noun, people_only)
+
+    def _head_is_animate(self, adj) -> bool:
+        """An adjective's noun is known to be a person or animal (not merely unknown)."""
+        head = adj.head
+        if head is adj or head.pos_ not in ("NOUN", "PROPN") or self.wn_ is None:
+            return False
+        sense = wnmod.most_frequent_sense(self.wn_, wnmod.base_form(self.wn_, head.lower_, "NOUN"), "NOUN")
+        return sense is not None and sense.lexname() in ("noun.person", "noun.animal")
+
+    def _animate_noun(self, noun, people_only: bool = False) -> bool:
+        if self.wn_ is None:
+            return True
+        if noun.pos_ == "PRON":
+            return noun.lower_ in ("he", "she", "they", "i", "we", "you", "who", "someone", "somebody", "everyone")
+        if noun.pos_ not in ("NOUN", "PROPN"):
+            return True
+        sense = wnmod.most_frequent_sense(self.wn_, wnmod.base_form(self.wn_, noun.lower_, "NOUN"), "NOUN")
+        kinds = ("noun.person",) if people_only else ("noun.person", "noun.animal")
+        return sense is None or sense.lexname() in kinds
 
     # -- trees --
 
-    def _levels(self, doc, caption: str, lead: int) -> list[list[tuple[int, int]]]:
+    def _chunks(self, doc, units: dict[int, tuple[int, int]]) -> list[tuple[int, int]]:
+        """Noun chunks as token spans, less bare pronouns, never cutting a unit or a compound,
+        with quantity phrases whole ("a couple of dogs", not "a couple")."""
+        spans = []
+        for c in doc.noun_chunks:
+            if len(c) == 1 and c.root.pos_ == "PRON":
+                continue
+            s, e = c.start, c.end
+            s = min([s] + [units[k][0] for k in range(s, e) if k in units])
+            e = max([e] + [units[k][1] for k in range(s, e) if k in units])
+            while e < len(doc) and doc[e - 1].dep_ == "compound" and doc[e - 1].head.i >= e:
+                e = doc[e - 1].head.i + 1
+            spans.append((s, e))
+        merged: list[tuple[int, int]] = []
+        for s, e in spans:
+            prev = merged[-1] if merged else None
+            if (prev is not None and prev[1] + 1 == s and doc[prev[1]].lower_ == "of"
+                    and doc[prev[1] - 1].lower_ in QUANTITY_NOUNS and doc[prev[1] - 1].pos_ == "NOUN"):
+                merged[-1] = (prev[0], e)
+            elif prev is not None and s < prev[1]:
+                merged[-1] = (prev[0], max(e, prev[1]))
+            else:
+                merged.append((s, e))
+        return merged
+
+    def _levels(self, doc, caption: str, lead: int, units) -> list[list[tuple[int, int]]]:
         """Levels as lists of character pieces of `caption`, joined by " and " when several."""
-        chunks = [c for c in doc.noun_chunks if not (len(c) == 1 and c.root.pos_ == "PRON")]
+        def chars(s: int, e: int) -> tuple[int, int]:
+            return lead + doc[s].idx, lead + doc[e - 1].idx + len(doc[e - 1].text)
+
+        chunks = [chars(s, e) for s, e in self._chunks(doc, units)]
         levels: list[list[tuple[int, int]]] = []
         if chunks:
-            levels.append([(lead + chunks[0].start_char, lead + chunks[0].end_char)])
+            levels.append([chunks[0]])
             for c in chunks[1:]:
-                levels.append(levels[-1] + [(lead + c.start_char, lead + c.end_char)])
-                levels.append([(lead, lead + c.end_char)])
+                levels.append(levels[-1] + [c])
+                levels.append([(lead, c[1])])
         levels.append([(0, len(caption))])
         return levels
 
     def _build(self, doc, caption: str, seed: int) -> list[dict]:
+        self._retag(doc)
+        units = self._units(doc)
+        fixed = self._fixed(doc)
         lead = len(caption) - len(caption.lstrip())
-        pieces_per_level = self._levels(doc, caption, lead)
+        pieces_per_level = self._levels(doc, caption, lead, units)
         texts = [" and ".join(caption[a:b] for a, b in pieces) for pieces in pieces_per_level]
         # Consecutive levels with the same words ("a cat on a mat" then "a cat on a mat.") are one
         # level; the later one is kept, so the last level is always the caption itself.
@@ -286,34 +577,55 @@ class TreeGenerator:
         positives = set(texts)
         done: set[int] = set()
         tree = []
+        wanted = set(self.pos_) | {"PROPN"}
         for pieces, text in zip(pieces_per_level, texts):
-            level = {"positive": text, "negatives": [], "negative_pos": [], "replaced": [], "missed": []}
+            level = {"positive": text, "negatives": [], "negative_pos": [], "replaced": [], "missed": [],
+                     "missed_reason": []}
             for p, (a, b) in enumerate(pieces):
                 for tok in doc:
                     s = lead + tok.idx
                     if not (a <= s and s + len(tok.text) <= b) or tok.i in done:
                         continue
                     done.add(tok.i)
-                    if tok.pos_ not in self.pos_ or not tok.is_alpha or tok.lower_ in _COPULA:
+                    if tok.pos_ not in wanted or not tok.is_alpha:
                         continue
+                    if tok.pos_ == "PROPN" and "NOUN" not in self.pos_:
+                        continue
+                    why = self._skip_reason(doc, tok, fixed, units)
+                    if why is not None:
+                        level["missed"].append([tok.text, tok.pos_])
+                        level["missed_reason"].append(why)
+                        continue
+                    u0, u1 = units.get(tok.i, (tok.i, tok.i + 1))
+                    start = lead + doc[u0].idx
+                    n = lead + doc[u1 - 1].idx + len(doc[u1 - 1].text) - start
+                    art = doc[u0 - 1] if u0 > 0 and doc[u0 - 1].lower_ in ("a", "an") else None
+                    art_s = lead + art.idx if art is not None and lead + art.idx >= pieces[p][0] else None
 
-                    n = len(tok.text)
-
-                    def render(word: str, pieces=pieces, p=p, s=s, n=n) -> str:
+                    def render(word: str, pieces=pieces, p=p, s=start, n=n, art_s=art_s, art=art) -> str:
                         parts = [caption[x:y] for x, y in pieces]
-                        parts[p] = caption[pieces[p][0]:s] + word + caption[s + n:pieces[p][1]]
+                        x0 = pieces[p][0]
+                        if art_s is not None:
+                            # a/an agreement with the new word ("an old photo" -> "a young photo")
+                            new_art = _match_case(article_for(word.lower()), art.text)
+                            head = caption[x0:art_s] + new_art + caption[art_s + len(art.text):s]
+                        else:
+                            head = caption[x0:s]
+                        parts[p] = head + word + caption[s + n:pieces[p][1]]
                         return " and ".join(parts)
 
-                    got = self._replace(doc, tok.i, caption, seed, render, positives)
-                    if got is None:
-                        level["missed"].append([tok.text, tok.pos_])
+                    got = self._replace(doc, tok.i, caption, seed, render, positives, (u0, u1))
+                    if isinstance(got, str):
+                        level["missed"].append([doc[u0:u1].text if u1 - u0 > 1 else tok.text, tok.pos_])
+                        level["missed_reason"].append(got)
                         continue
                     neg, word, stage = got
                     if neg in level["negatives"]:
                         continue
                     level["negatives"].append(neg)
-                    level["negative_pos"].append(tok.pos_)
-                    level["replaced"].append([tok.text, word, tok.pos_, stage])
+                    level["negative_pos"].append("NOUN" if u1 - u0 > 1 else tok.pos_)
+                    level["replaced"].append([doc[u0:u1].text if u1 - u0 > 1 else tok.text, word,
+                                              "NOUN" if u1 - u0 > 1 else tok.pos_, stage])
             tree.append(level)
         return tree
 
@@ -321,8 +633,19 @@ class TreeGenerator:
     def _public(tree: list[dict], details: bool) -> list[dict]:
         if details:
             return tree
-        return [{"positive": lv["positive"], "negatives": list(lv["negatives"]),
-                 "negative_pos": list(lv["negative_pos"])} for lv in tree]
+        out = []
+        for lv in tree:
+            row = {"positive": lv["positive"], "negatives": list(lv["negatives"]),
+                   "negative_pos": list(lv["negative_pos"])}
+            if "normalized" in lv:
+                row["normalized"] = lv["normalized"]
+            out.append(row)
+        return out
+
+    def normalize(self, caption: str) -> tuple[str, list[str]]:
+        """(the text the tree is built from, the normalisation steps applied); see
+        `vlctl.methods.negatives.normalize_caption`."""
+        return normalize_caption(caption)
 
     def check(self, caption: Any, what: str = "caption") -> str:
         self._prepare()
@@ -344,6 +667,7 @@ class TreeGenerator:
         s = self.seed if seed is None else seed
         out: list[list[dict] | None] = [None] * len(captions)
         todo: list[int] = []
+        clean: dict[int, tuple[str, list[str]]] = {}
         for k, cap in enumerate(captions):
             try:
                 self.check(cap, f"caption {k}" if len(captions) > 1 else "caption")
@@ -356,9 +680,13 @@ class TreeGenerator:
                 out[k] = self._public(hit, details)
             else:
                 todo.append(k)
-        docs = self.nlp_.pipe((captions[k].strip() for k in todo), batch_size=batch_size)
+                clean[k] = normalize_caption(cap)
+        docs = self.nlp_.pipe((clean[k][0].strip() for k in todo), batch_size=batch_size)
         for k, doc in zip(todo, docs):
-            tree = self._build(doc, captions[k], s)
+            text, steps = clean[k]
+            tree = self._build(doc, text, s)
+            if steps:
+                tree[-1]["normalized"] = {"from": captions[k], "steps": steps}
             if self.cache_ is not None:
                 self.cache_.put(self.cache_key(captions[k], s), captions[k], tree)
             out[k] = self._public(tree, details)
@@ -368,25 +696,62 @@ class TreeGenerator:
         """One rule-based one-word negative of the whole caption: the NegCLIP-style baseline.
 
         The tokens of the tree POS classes are tried in a seeded random order; the first one with
-        a replacement gives (negative caption, its POS). None when no token has one.
+        a replacement gives (negative caption, its POS). None when no token has one. The
+        caption is normalised first (as for trees), so the negative is of the normalised text.
         """
         self._prepare()
         self.check(caption)
         s = self.seed if seed is None else seed
-        lead = len(caption) - len(caption.lstrip())
-        doc = self.nlp_(caption.strip())
-        cands = [t for t in doc if t.pos_ in self.pos_ and t.is_alpha and t.lower_ not in _COPULA]
+        text, _ = normalize_caption(caption)
+        lead = len(text) - len(text.lstrip())
+        doc = self.nlp_(text.strip())
+        self._retag(doc)
+        units, fixed = self._units(doc), self._fixed(doc)
+        cands = [t for t in doc if t.pos_ in self.pos_ and t.is_alpha and self._skip_reason(doc, t, fixed, units) is None]
         cands.sort(key=lambda t: _hash_int("random_negative", s, caption, t.i))
         for tok in cands:
-            start, n = lead + tok.idx, len(tok.text)
+            u0, u1 = units.get(tok.i, (tok.i, tok.i + 1))
+            start = lead + doc[u0].idx
+            n = lead + doc[u1 - 1].idx + len(doc[u1 - 1].text) - start
 
             def render(word: str, start=start, n=n) -> str:
-                return caption[:start] + word + caption[start + n:]
+                return text[:start] + word + text[start + n:]
 
-            got = self._replace(doc, tok.i, caption, s, render, {caption})
-            if got is not None:
+            got = self._replace(doc, tok.i, text, s, render, {text}, (u0, u1))
+            if not isinstance(got, str):
                 return got[0], tok.pos_
         return None
+
+
+# Objects that make an idiom with a bare preposition ("standing in line", "in half", "on display").
+IDIOM_OBJECTS = frozenset({"line", "place", "half", "order", "charge", "public", "use", "action", "progress",
+                           "display", "fire", "time", "bed", "hand", "top", "front", "sale", "board", "duty",
+                           "view", "case", "fact", "general", "particular", "addition", "pairs", "groups"})
+# Verb + preposition pairs WordNet lacks as lemmas but that are one verb ("holding onto a bag").
+PHRASAL_VERBS = frozenset({("hold", "onto"), ("hang", "onto"), ("hold", "on"), ("lean", "on"), ("rely", "on"),
+                           ("look", "into"), ("look", "after"), ("get", "on"), ("get", "off"), ("take", "off"),
+                           ("put", "on"), ("line", "up"), ("dress", "up"), ("pick", "up"), ("set", "up"),
+                           ("depend", "on"), ("focus", "on"), ("wait", "for"), ("look", "for"), ("reach", "for"),
+                           ("cling", "to"), ("hold", "up"), ("stare", "at"), ("gaze", "at")})
+_OVERRIDE_TAGS = frozenset({"NOUN", "ADJ", "ADP", "VERB", "ADV", "DET", "NUM", "PROPN", "PRON", "CCONJ", "X"})
+_PHRASE = re.compile(r"^[a-z]+( [a-z]+)?$")
+
+
+def _tag_for(pos: str, tag: str) -> str:
+    """A Penn tag for a forced coarse POS, keeping the original's number or verb form."""
+    if pos == "NOUN":
+        return "NNS" if tag in ("NNS", "NNPS") else "NN"
+    if pos == "VERB":
+        return tag if tag.startswith("VB") else "VB"
+    return {"ADJ": "JJ", "ADP": "IN", "ADV": "RB", "DET": "DT", "NUM": "CD", "PROPN": "NNP", "PRON": "PRP",
+            "CCONJ": "CC"}.get(pos, "XX")
+
+
+def _verb_lemma(word: str) -> str:
+    from lemminflect import getLemma
+
+    got = getLemma(word, "VERB")
+    return got[0] if got else word
 
 
 def _crude_base(lower: str, tag: str) -> str:

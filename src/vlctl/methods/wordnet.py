@@ -244,3 +244,153 @@ def lemma_names(wn) -> frozenset[str]:
     if wn is None:
         return frozenset()
     return frozenset(n.lower() for n in wn.all_lemma_names() if "_" not in n)
+
+
+# --- issue 21: the sense a caption means, and the words that stay true --------------------------
+
+# Kinds of noun a co-hyponym stays visual for: an artifact's sisters are other artifacts a
+# picture can show; a substance's are chemicals ("water" -> "hydride"), a group's are sets.
+# People ("young men" -> "bachelors", "kid" -> "adolescent") and body parts ("hand" -> "finger")
+# stay true or turn odd: the curated table handles them (man/woman, boy/girl, ...).
+MAX_SISTERS = 40
+VISUAL_NOUN_LEXNAMES = frozenset({"noun.animal", "noun.artifact", "noun.food", "noun.plant", "noun.object"})
+
+
+def _lemma_count(counts: dict[str, int], synset, base: str) -> int:
+    return sum(counts.get(lemma.key(), 0) for lemma in synset.lemmas() if lemma.name().lower() == base)
+
+
+def most_frequent_sense(wn, base: str, pos: str):
+    """The synset of `base` with the largest SemCor count of its lemma `base` (cntlist), WordNet's
+    order breaking ties (it lists senses by frequency already; the counts decide where the
+    order came from other sources). None when WordNet has no such word."""
+    p = WN_POS.get(pos)
+    if wn is None or p is None:
+        return None
+    synsets = wn.synsets(base, p)
+    if not synsets:
+        return None
+    base = base.lower()
+    counts = sense_counts(wn)
+    return max(enumerate(synsets), key=lambda kv: (_lemma_count(counts, kv[1], base), -kv[0]))[1]
+
+
+@functools.lru_cache(maxsize=50_000)
+def mfs_antonyms(wn, base: str, pos: str) -> tuple[str, ...]:
+    """Direct antonyms of `base` in its most frequent sense only ("concrete" the material has
+    none; "abstract" is the antonym of a rarer sense). Sorted, plain single words."""
+    sense = most_frequent_sense(wn, base, pos)
+    if sense is None:
+        return ()
+    out = {a.name() for lemma in sense.lemmas() if lemma.name().lower() == base for a in lemma.antonyms()}
+    return tuple(sorted(n for n in out if _plain(n, base)))
+
+
+@functools.lru_cache(maxsize=200_000)
+def is_related(wn, base: str, word: str, pos: str) -> bool:
+    """Whether `word` stays true of what `base` names: its lemma, a synonym, a hypernym or a
+    hyponym (`related_words`), or a word one of whose senses has a sense of `base` among its
+    ancestors (a hyponym at any depth: "hot dog" under "sandwich")."""
+    if word == base or word in related_words(wn, base, pos):
+        return True
+    p = WN_POS.get(pos)
+    if wn is None or p is None:
+        return False
+    mine = set(wn.synsets(base.replace(" ", "_"), p))
+    w = base_form(wn, word.replace(" ", "_"), pos)
+    if w.replace("_", " ") in related_words(wn, base, pos):
+        return True
+    for s in wn.synsets(w, p):
+        if mine & set(s.closure(lambda x: x.hypernyms() + x.instance_hypernyms())):
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=50_000)
+def mfs_co_hyponyms(wn, base: str, pos: str) -> tuple[str, ...]:
+    """Sisters of the most frequent sense of `base` (other hyponyms of its hypernyms, sorted by
+    name), one plain name each, only those with a SemCor count > 0 (the everyday words); nouns
+    only of visual kinds (VISUAL_NOUN_LEXNAMES) and of the same kind as the sense. Sorted."""
+    sense = most_frequent_sense(wn, base.replace(" ", "_"), pos)
+    if sense is None or WN_POS[pos] not in ("n", "v"):
+        return ()
+    if pos == "NOUN" and sense.lexname() not in VISUAL_NOUN_LEXNAMES:
+        return ()
+    names: dict[str, int] = {}
+    for parent in _hypernyms(sense)[:1]:  # the first by name (determinism); more add junk ("dog" -> "stray")
+        if len(parent.hyponyms()) > MAX_SISTERS:
+            continue  # a catch-all parent ("structure", "support"): its children have nothing in common
+        for name, count in _sisters(wn, sense, parent, base).items():
+            names[name] = max(names.get(name, 0), count)
+    keep = []
+    sisters = {x for parent in _hypernyms(sense) for x in parent.hyponyms() + parent.instance_hyponyms()}
+    for name, count in names.items():
+        if count <= 0:
+            continue
+        # the sister must be what its name usually means ("perch" the fish, not the roost)
+        s = most_frequent_sense(wn, name, pos)
+        if s is not None and s in sisters:
+            keep.append(name)
+    return tuple(sorted(keep))
+
+
+@functools.lru_cache(maxsize=50_000)
+def related_words(wn, base: str, pos: str) -> frozenset[str]:
+    """Words a replacement of `base` must not be, because the caption would stay true: its
+    synonyms (a shared synset, any sense), its hypernyms (every ancestor of every sense) and its
+    hyponyms (down to three levels), lowercased, "_" as a space."""
+    p = WN_POS.get(pos)
+    if wn is None or p is None:
+        return frozenset()
+    out: set[str] = {base}
+    for s in wn.synsets(base.replace(" ", "_"), p):
+        group = [s, *s.closure(lambda x: x.hypernyms() + x.instance_hypernyms())]
+        frontier = [s]
+        for _ in range(3):
+            frontier = [h for f in frontier for h in f.hyponyms() + f.instance_hyponyms()]
+            group += frontier
+        for x in group:
+            out.update(lemma.name().lower().replace("_", " ") for lemma in x.lemmas())
+        if p == "a":
+            for sim in s.similar_tos():
+                out.update(lemma.name().lower() for lemma in sim.lemmas())
+    return frozenset(out)
+
+
+_GARMENT_ROOTS = frozenset({"clothing.n.01", "garment.n.01", "headdress.n.01", "footwear.n.02", "accessory.n.01"})
+_PLACE_LEXNAMES = frozenset({"noun.location", "noun.object", "noun.substance", "noun.phenomenon", "noun.time",
+                             "noun.event", "noun.act", "noun.state"})
+
+
+@functools.lru_cache(maxsize=50_000)
+def object_kind(wn, base: str) -> str:
+    """"garment", "thing" or "place" for a preposition's object noun (its most frequent sense):
+    clothing ("in a red shirt"), an object one can be on, under or beside ("a table"), or a place
+    or substance one is in or near ("a field", "the water"). "thing" when WordNet does not know it."""
+    sense = most_frequent_sense(wn, base, "NOUN")
+    if sense is None:
+        return "thing"
+    ancestors = {h.name() for h in sense.closure(lambda x: x.hypernyms())}
+    if ancestors & _GARMENT_ROOTS:
+        return "garment"
+    if sense.lexname() in _PLACE_LEXNAMES or {"area.n.01", "geographic_point.n.01", "room.n.01",
+                                             "structure.n.01", "region.n.03", "thoroughfare.n.01", "road.n.01",
+                                             "body_of_water.n.01", "land.n.04"} & ancestors:
+        return "place"
+    return "thing"
+
+
+@functools.lru_cache(maxsize=100_000)
+def is_compound(wn, words: tuple[str, ...]) -> bool:
+    """Whether the words (lowercased, the last in base form) are one WordNet noun lemma:
+    ("fire", "hydrant") -> fire_hydrant, ("hot", "dog"), ("tennis", "racket")."""
+    if wn is None or len(words) < 2:
+        return False
+    return bool(wn.synsets("_".join(words), "n"))
+
+
+@functools.lru_cache(maxsize=100_000)
+def knows(wn, word: str, pos: str) -> bool:
+    """Whether WordNet has `word` (any inflection) in the coarse POS."""
+    p = WN_POS.get(pos)
+    return wn is not None and p is not None and bool(wn._morphy(word, p))

@@ -1,0 +1,37 @@
+"""`vlctl audit`: the 3VL compositional audit of an encoder on a user's image-caption pairs."""
+
+from __future__ import annotations
+
+import argparse
+
+from vlctl.config import add_config_args, config_from_args
+
+
+def audit_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.cli.args import blocks_arg, device_arg, in_path, out_path, text_arg
+    from vlctl.encoders.factory import SPEC_FORMS
+    from vlctl.eval.audit import AuditConfig
+
+    p.add_argument("--encoder", required=True, type=text_arg("spec"), help="encoder spec: " + " | ".join(SPEC_FORMS))
+    p.add_argument("--pairs", required=True, type=in_path("pairs", "any"),
+                   help="image-caption pairs: a CSV/TSV/JSONL of image path + caption, a folder with --annotations, "
+                   "a COCO Karpathy JSON, a generated set (vlctl data scenes) or a store (vlctl embed)")
+    p.add_argument("--images", default=None, type=in_path("image root", "dir"),
+                   help="for a COCO Karpathy JSON: the folder its image paths are under (default: the JSON's folder)")
+    p.add_argument("--out", required=True, type=out_path("dir"),
+                   help="output directory: report.md, report.html, summary.json, items.jsonl, arrays.npz, worst/")
+    p.add_argument("--device", default="cpu", type=device_arg, help="torch device for the encoder (default: cpu)")
+    p.add_argument("--blocks", default="all", type=blocks_arg,
+                   help="ViT blocks the worst items' maps accumulate: all | last | an integer start block")
+    add_config_args(p, AuditConfig)
+
+
+def audit(args: argparse.Namespace) -> dict:
+    from vlctl.cli.explain import _parse_blocks
+    from vlctl.encoders import create
+    from vlctl.eval.audit import AuditConfig, load_pairs, run_audit
+
+    cfg = config_from_args(AuditConfig, args)
+    pairs = load_pairs(args.pairs, args.images)
+    encoder = create(args.encoder, device=args.device)
+    return run_audit(encoder, pairs, args.out, cfg, blocks=_parse_blocks(args.blocks))
