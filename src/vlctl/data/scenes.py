@@ -462,3 +462,67 @@ def scenes_dataset_id(path: str | Path) -> str:
         return "scenes-" + sha256_json({"v": meta["format_version"], "sha": meta["sha256"]})[:16]
     except (KeyError, TypeError):
         raise VlctlError(f"{Path(path) / 'meta.json'}: no format_version / sha256 to identify the data") from None
+
+
+# --- alt-text captions (the web-caption regime of a LiT pre-training, 3vl-lit) ------------------
+
+ALT_TEXT_STYLES = ("phrases", "bag", "nouns_then_attributes", "count", "relation")
+ALT_TEXT_STYLE_P = (0.25, 0.35, 0.2, 0.1, 0.1)
+_COUNT_WORDS = {1: "one", 2: "two", 3: "three"}
+
+
+def alt_text_caption(objects: list[dict], rng: np.random.Generator) -> str:
+    """An alt-text-like caption of a scene: true of the image, naming a random subset of the
+    objects and of their attributes, in varied order and phrasing, mostly without binding.
+
+    A random non-empty subset of the objects is named; of each, every attribute is kept with
+    probability 1/2 (the shape with 0.8), at least one. The style is drawn by ALT_TEXT_STYLE_P:
+      phrases               "a red circle and a small striped shape" (partial noun phrases, shuffled)
+      bag                   "blue, circle, striped, red, square" (the named words, shuffled, unbound)
+      nouns_then_attributes "a circle and a square in red and blue, striped" (nouns, then the adjectives)
+      count                 "three shapes: red, small" (the number of objects, then some adjectives)
+      relation              "a red circle left of a star" (only where the relation holds with
+                            RELATION_MARGIN between the two first named objects; else 'phrases')
+    Words outside the scenes grammar ("shape", "shapes", "in", numbers) are plain English, for a
+    pretrained text tower. Deterministic given `rng`'s state.
+    """
+    n = len(objects)
+    order = [int(i) for i in rng.permutation(n)]
+    named = [objects[i] for i in order[: int(rng.integers(1, n + 1))]]
+    partial = []
+    for o in named:
+        keep = {a: o[a] for a in ATTRIBUTES if rng.random() < (0.8 if a == "shape" else 0.5)}
+        if not keep:
+            a = ATTRIBUTES[int(rng.integers(len(ATTRIBUTES)))]
+            keep = {a: o[a]}
+        partial.append(keep)
+    style = ALT_TEXT_STYLES[int(rng.choice(len(ALT_TEXT_STYLES), p=ALT_TEXT_STYLE_P))]
+
+    def phrase(p: dict) -> str:
+        return " ".join(["a", *[p[a] for a in ATTRIBUTES[:3] if a in p], p.get("shape", "shape")])
+
+    adjectives = list(dict.fromkeys(p[a] for p in partial for a in ATTRIBUTES[:3] if a in p))
+    nouns = [p["shape"] for p in partial if "shape" in p]
+    if style == "relation":
+        rels = [r for r in RELATIONS if len(named) >= 2 and relation_holds(r, named[0], named[1], RELATION_MARGIN)]
+        if rels:
+            return f"{phrase(partial[0])} {rels[int(rng.integers(len(rels)))]} {phrase(partial[1])}"
+        style = "phrases"
+    if style == "phrases" or (style == "nouns_then_attributes" and (not nouns or not adjectives)):
+        return " and ".join(phrase(partial[i]) for i in rng.permutation(len(partial)))
+    if style == "bag":
+        words = adjectives + list(dict.fromkeys(nouns))
+        return ", ".join(words[i] for i in rng.permutation(len(words)))
+    if style == "nouns_then_attributes":
+        adj = [adjectives[i] for i in rng.permutation(len(adjectives))]
+        return " and ".join(f"a {w}" for w in nouns) + " in " + " and ".join(adj)
+    adj = [adjectives[i] for i in rng.permutation(len(adjectives))]
+    head = f"{_COUNT_WORDS[n]} shape{'s' if n > 1 else ''}"
+    return f"{head}: {', '.join(adj)}" if adj else head
+
+
+def alt_text_captions(labels: list[dict], seed: int, per_scene: int = 1) -> list[list[str]]:
+    """`per_scene` alt-text captions of each scene (`alt_text_caption`); caption k of scene i
+    depends only on (seed, i, k)."""
+    return [[alt_text_caption(lab["objects"], np.random.default_rng([seed, 0xA17, i, k])) for k in range(per_scene)]
+            for i, lab in enumerate(labels)]

