@@ -1,4 +1,4 @@
-"""Recipe `tevi-coco`: TEVI on real image-text data (docs/methods.md §1; TEVI paper §4, Tables 2-3).
+"""Recipe `tevi-coco`: TEVI on real image-text data (docs/methods.md §1; Tables 2-3 of the TEVI paper).
 
     vlctl reproduce tevi-coco --encoder open_clip:ViT-B-16/<tag> --coco-root coco/ \\
         --coco-annotations dataset_coco.json [--flickr-root ... --rococo-annotations ...] --out runs/tevi-coco
