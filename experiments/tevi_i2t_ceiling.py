@@ -56,7 +56,7 @@ def main() -> None:
 
     test = dict(np.load(find_stage(args.stages, "embed") / "embeddings.npz"))
     train = dict(np.load(find_stage(args.stages, "embed-train") / "embeddings.npz"))
-    labels = load_mad(find_stage(args.stages, "data") / "test")["labels"]
+    labels = load_mad(find_stage(args.stages, "data-test") / "test")["labels"]
     img_vals, cap_vals = mad_clip.image_values(labels), mad_clip.caption_values(labels)
     relevant = caption_relevance(img_vals, cap_vals)
     tevi = TEVI.load(args.tevi or find_stage(args.stages, "tevi-cg") / "tevi")

@@ -42,13 +42,14 @@ def test_outputs_and_numbers_recompute_from_arrays(tiny_run):
     md = (tiny_run / "report.md").read_text()
     assert "| thickthinning |" in md and "92.9" in md  # the paper's number beside ours
     assert (tiny_run / "report.html").read_text().count("<table>") >= 3
-    assert set(r["timings"]) >= {"data", "train", "embed", "total_seconds"}
+    assert set(r["timings"]) >= {"data-test", "data-train", "train", "embed", "total_seconds"}
 
 
 def test_second_run_reuses_every_stage(tiny_run):
     run(tiny_run, cfg=TINY)
     r = json.loads((tiny_run / "results.json").read_text())
-    assert all(r["timings"][s]["cached"] for s in ("data", "train", "embed"))
+    assert all(r["timings"][s]["cached"] for s in ("data-test", "train", "embed"))
+    assert "data-train" not in r["timings"]  # the CLIP is trained: its images are not even looked up
 
 
 def test_caption_relevance_definition():
@@ -93,8 +94,8 @@ def _vlctl(*args):
 
 def test_embed_cli_reuses_the_store_and_refuses_other_encoder(tiny_run, tmp_path):
     model = next((tiny_run / "stages").glob("train-*")) / "model"
-    test = next((tiny_run / "stages").glob("data-*")) / "test"
-    train = next((tiny_run / "stages").glob("data-*")) / "train"
+    test = next((tiny_run / "stages").glob("data-test-*")) / "test"
+    train = next((tiny_run / "stages").glob("data-train-*")) / "train"
     store = tmp_path / "store"
     first = _vlctl("embed", str(test), "--encoder", str(model), "--out", str(store), "--json")
     assert first.returncode == 0, first.stderr
@@ -135,4 +136,4 @@ def test_editing_a_config_file_in_place_retrains(tmp_path):
     cfg_file.write_text(json.dumps(arch))
     run(tmp_path / "out", cfg=tiny)
     r = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert r["timings"]["data"]["cached"] and not r["timings"]["train"]["cached"]
+    assert r["timings"]["data-train"]["cached"] and not r["timings"]["train"]["cached"]

@@ -13,8 +13,11 @@ from vlctl.recipes import mad_clip, tevi_mad
 
 TINY_CLIP = mad_clip.MadClipRecipe(n_train=256, n_test=128, model="mad-quick", epochs=1, batch_size=64,
                                    warmup_steps=1, procs=1)
+# Two seeds (Tables A1/A2 as mean +- std) and the issue-23 levers switched on, so their wiring runs.
 TINY = tevi_mad.TeviMadRecipe(sae_epochs=2, cg_epochs=2, mask_epochs=2, mask_hidden=32, mask_batch_size=64,
-                              sae_batch_size=64, rerank_k=10, sweep_k=(4,), sweep_expansion=(1,), sweep_epochs=1)
+                              sae_batch_size=64, rerank_k=10, sweep_k=(4,), sweep_expansion=(1,), sweep_epochs=1,
+                              n_seeds=2, contradicting_batches=True, cg_group_mask=True, mask_mass_coef=0.1,
+                              sae_resample_every=3)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +31,7 @@ def tiny_run(tmp_path_factory):
 
 def test_reuses_the_mad_clip_stages(tiny_run):
     r = json.loads((tiny_run / "tevi-mad" / "results.json").read_text())
-    assert all(r["timings"][s]["cached"] for s in ("data", "train", "embed"))
+    assert all(r["timings"][s]["cached"] for s in ("data-test", "train", "embed"))
     assert not r["timings"]["tevi-cg"]["cached"]
 
 
@@ -58,11 +61,58 @@ def test_results_recompute_from_arrays(tiny_run):
     assert cg["auc"].shape == (26, 26)
     assert np.mean(np.diag(editing.concept_auc_matrix(cg["latents"], cg["concept_present"]))) / 100 == pytest.approx(
         r["cg_sae"]["auc_own_mean"])
-    assert set(r["sae"]) >= {"fvu", "dead_latents"} and len(r["sae_sweep"]) == 1
+    assert set(r["sae"]) >= {"fvu", "dead_latents", "purity_mean"} and len(r["sae_sweep"]) == 1
+    assert r["sae"]["dead_fraction"] == r["sae"]["dead_latents"] / r["sae"]["n_latents"]
     md = (out / "report.md").read_text()
     assert "Table A1" in md and "54.3" in md  # the paper's learned-SAE not-in-caption figure beside ours
     for f in ("positive_cosine.png", "cg_sae_auc.png", "cg_sae_top_images.png"):
         assert (out / "figures" / f).stat().st_size > 1000
+
+
+def test_leakage_and_seeds_recompute_for_every_variant(tiny_run):
+    out = tiny_run / "tevi-mad"
+    r = json.loads((out / "results.json").read_text())
+    for v in tevi_mad.VARIANTS:
+        res, follows = r["variants"][v], {}
+        per_seed = []
+        for s, name in ((0, f"conditioning_{v}.npz"), (1, f"conditioning_{v}_seed1.npz")):
+            a = np.load(out / "arrays" / name)
+            leak = {c: editing.leakage_accuracy(a["swapped_emb"], a[f"text_{c}"], a[f"label_{c}"],
+                                                a[f"caption_label_{c}"][a["swap_perm"]]) for c in tevi_mad.EDITED}
+            cond = {c: editing.conditioning_accuracy(a["original_emb"], a["edited_emb"], a[f"text_{c}"],
+                                                     a[f"label_{c}"], a[f"in_caption_{c}"]) for c in tevi_mad.EDITED}
+            per_seed.append((cond, leak))
+            if s == 0:
+                for c in tevi_mad.EDITED:
+                    assert leak[c] == pytest.approx(res["leakage"][c], nan_ok=True)
+                follows = {c: leak[c]["follows_image"] for c in tevi_mad.EDITED}
+        assert res["summary"]["follows_image_min"] == pytest.approx(min(follows.values()), nan_ok=True)
+        ms = r["seeds"][v]
+        assert ms["seeds"] == [0, 1]
+        for c in tevi_mad.EDITED:
+            vals = [cond[c]["not_in_caption"] for cond, _ in per_seed]
+            assert ms["conditioning"][c]["not_in_caption"]["mean"] == pytest.approx(np.mean(vals), nan_ok=True)
+            assert ms["conditioning"][c]["not_in_caption"]["std"] == pytest.approx(np.std(vals), nan_ok=True)
+            vals = [leak[c]["follows_image"] for _, leak in per_seed]
+            assert ms["leakage"][c]["follows_image"]["mean"] == pytest.approx(np.mean(vals), nan_ok=True)
+        ret = np.load(out / "arrays" / f"retrieval_{v}_seed1.npz")
+        rel = metrics.caption_relevance(ret["image_values"], ret["caption_values"])
+        t2i1 = metrics.recall_from_order(ret["top_order_t2i"], rel)["@1"]
+        assert ms["retrieval"]["t2i@1"]["mean"] == pytest.approx((r["variants"][v]["retrieval"]["tevi"]["t2i@1"] + t2i1) / 2)
+    md = (out / "report.md").read_text()
+    assert "Follows image: worst category" in md and "Mean +- std over seeds [0, 1]" in md
+
+
+def test_contradicting_partners_by_hand():
+    # columns: digit, color, thickthinning, swelling, fracture, scaling; -1 = not named
+    cap = np.array([[3, 1, -1, 0, -1, 1],
+                    [3, 2, -1, 0, -1, 1],   # row 0 with another color
+                    [3, 1, -1, 1, -1, 1],   # row 0 with another swelling value
+                    [4, 1, -1, 0, -1, 1],   # another digit only: not a contradiction
+                    [3, 2, -1, 1, -1, 1]])  # differs from row 0 in two categories
+    p = tevi_mad.contradicting_partners(cap, seed=0)
+    assert p[0] in (1, 2) and p[1] in (0, 4) and p[2] in (0, 4) and p[3] == -1 and p[4] in (1, 2)
+    assert tevi_mad.concept_categories()[:11] == (0,) * 10 + (1,)  # 10 digit latents, then color
 
 
 def test_recall_from_order_matches_recall_at_k_relevant():

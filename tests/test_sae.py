@@ -241,3 +241,33 @@ def test_bad_embeddings_are_refused(fitted):
         sae.encode(x[:, :8])
     with pytest.raises(VlctlError, match="k=40 must be in"):
         SparseAutoencoder(d_latent=32, k=40).fit(x, "enc-a")
+
+
+def test_resample_dead_latents_by_hand():
+    model = _module()
+    dead = torch.tensor([1, 4, 7])
+    with torch.no_grad():
+        model.samples_since_fired[dead] = 100
+    x = torch.randn(2, 6, generator=torch.Generator().manual_seed(3))  # fewer inputs than dead latents: cycles
+    residual = x - model.decode(model.encode(x))
+    order = residual.norm(dim=1).argsort(descending=True)
+    live = torch.tensor([i for i in range(10) if i not in dead.tolist()])
+    enc_norm = model.W_E[:, live].norm(dim=0).mean()
+    before_W_D, before_W_E = model.W_D.detach().clone(), model.W_E.detach().clone()
+    assert model.resample_dead(x) == 3
+    for j, r in enumerate(dead.tolist()):
+        want = residual[order[j % 2]] / residual[order[j % 2]].norm()
+        torch.testing.assert_close(model.W_D[r], want)
+        torch.testing.assert_close(model.W_E[:, r], 0.2 * enc_norm * want)
+        assert model.b_E[r] == 0
+    torch.testing.assert_close(model.W_D[live], before_W_D[live])  # live latents untouched
+    torch.testing.assert_close(model.W_E[:, live], before_W_E[:, live])
+    assert model.n_dead == 0 and model.resample_dead(x) == 0
+
+
+def test_fit_with_resampling_keeps_fewer_dead(fitted):
+    x, _ = _synthetic(n=1024)
+    common = {"d_latent": 48, "k": 2, "aux_k": 0, "dead_after": 256, "lr": 1e-2, "epochs": 8, "batch_size": 256}
+    plain = SparseAutoencoder(**common).fit(x, "enc-a")
+    resampled = SparseAutoencoder(**common, resample_every=4).fit(x, "enc-a")
+    assert plain.n_dead_ > 0 and resampled.n_dead_ < plain.n_dead_, (plain.n_dead_, resampled.n_dead_)

@@ -55,6 +55,9 @@ class TopKSAEConfig:
     aux_k: int = opt(256, "dead latents used by the AuxK loss", ge=0, le=2**24)
     aux_coef: float = opt(1 / 32, "weight of the AuxK loss", ge=0, le=1000)
     dead_after: int = opt(200_000, "a latent not fired for this many training samples is dead", ge=0, le=10**12)
+    resample_every: int = opt(0, "every this many training steps, re-initialise the dead latents towards the inputs "
+                              "the SAE reconstructs worst in the batch (0: never; AuxK alone revives them)", ge=0,
+                              le=10**9)
     init_b_pre: str = opt("geometric_median", "b_pre init from the data: geometric_median | mean | zeros",
                           choices=("geometric_median", "mean", "zeros"))
     concepts_fixed: bool = opt(False, "CG-SAE: decoder rows fixed to concept text embeddings, only the encoder "
@@ -229,6 +232,31 @@ class TopKSAE(nn.Module):
         return SAEOutput(nmse + self.cfg.aux_coef * aux, nmse, aux, x_hat, z)
 
     @torch.no_grad()
+    def resample_dead(self, x: torch.Tensor) -> int:
+        """Re-initialise the dead latents from the batch x (n, d) -> how many were re-initialised.
+
+        Each dead latent r gets the direction of the residual x - x~ of one of the inputs worst
+        reconstructed (largest residual first, cycling when there are more dead latents than
+        inputs): W_D[r] = that unit residual, W_E[:, r] = the same direction scaled to 0.2 x the
+        mean norm of the live encoder columns (so it starts below the live latents' TopK values),
+        b_E[r] = 0, and its not-fired count restarts. Anthropic's "resampling"; the optimizer's
+        moments of these rows are left as they are (the loop owns the optimizer)."""
+        dead = self.dead_mask.nonzero().flatten()
+        if len(dead) == 0 or self.cfg.concepts_fixed:
+            return 0
+        residual = x - self.decode(self.encode(x))
+        err = residual.norm(dim=1)
+        worst = err.argsort(descending=True)[torch.arange(len(dead)) % len(x)]
+        direction = residual[worst] / err[worst, None].clamp_min(1e-12)  # (n_dead, d)
+        live = ~self.dead_mask
+        enc_norm = self.W_E[:, live].norm(dim=0).mean() if live.any() else torch.tensor(1.0)
+        self.W_D[dead] = direction
+        self.W_E[:, dead] = 0.2 * enc_norm * direction.T
+        self.b_E[dead] = 0.0
+        self.samples_since_fired[dead] = 0
+        return len(dead)
+
+    @torch.no_grad()
     def normalize_decoder(self) -> None:
         """Put every decoder row back on the unit sphere (after each optimizer step)."""
         self.W_D.div_(self.W_D.norm(dim=1, keepdim=True).clamp_min(1e-12))
@@ -317,6 +345,8 @@ class SparseAutoencoder(Estimator):
         def make_batch(idx: np.ndarray, epoch: int) -> torch.Tensor:
             return x[torch.as_tensor(idx)]
 
+        step = [0]
+
         def loss_fn(net: nn.Module, batch: torch.Tensor):
             # The loop has no "after optimizer.step()" hook, so the renormalisation of the previous
             # step happens here, before the forward that uses the weights: the same sequence
@@ -325,6 +355,9 @@ class SparseAutoencoder(Estimator):
             sae = getattr(net, "module", net)
             if not cfg.concepts_fixed:
                 sae.normalize_decoder()
+            step[0] += 1
+            if cfg.resample_every and step[0] % cfg.resample_every == 0:
+                sae.resample_dead(batch)
             out = net(batch)
             return out.loss, {"nmse": float(out.nmse.detach()), "aux": float(out.aux.detach()), "n_dead": sae.n_dead}
 

@@ -71,6 +71,12 @@ class TeviConfig:
     epochs: int = opt(10, "passes over the image-caption pairs", ge=1, le=100_000)
     batch_size: int = opt(256, "batch size (capped at the number of pairs); the InfoNCE's negatives", ge=1, le=16384)
     weight_decay: float = opt(0.0, "AdamW weight decay of the mask MLP's matrices", ge=0, le=10)
+    mask_mass_coef: float = opt(0.0, "weight of a penalty on the mask's mean value (its total mass / d1) added to the "
+                                "InfoNCE: pushes latents the caption does not need to 0", ge=0, le=1000)
+    latent_groups: tuple[int, ...] | None = opt(None, "group id (0..G-1) of each latent, e.g. its attribute category "
+                                                "on a CG-SAE: the MLP then outputs one mask value per group, shared "
+                                                "by the group's latents; None: one free value per latent (the "
+                                                "paper's mask)", ge=0, le=2**24)
     warmup_steps: int = opt(0, "linear warmup steps", ge=0, le=10**9)
     seed: int = opt(0, "seed of the initialisation and the data order", ge=0, le=2**32 - 1)
     device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available)", check="device")
@@ -82,12 +88,22 @@ class TeviConfig:
             raise VlctlError(f"TeviConfig: d, n_latents, hidden and mask_temperature must be positive, got {self}")
         if not 0.0 <= self.mask_floor < 1.0:
             raise VlctlError(f"TeviConfig.mask_floor: must be in [0, 1), got {self.mask_floor}")
+        if self.latent_groups is not None:
+            groups = self.latent_groups
+            if self.n_latents is not None and len(groups) != self.n_latents:
+                raise VlctlError(f"TeviConfig.latent_groups: one group per latent needed, got {len(groups)} for "
+                                 f"n_latents={self.n_latents}")
+            if sorted(set(groups)) != list(range(max(groups) + 1)):
+                raise VlctlError(f"TeviConfig.latent_groups: group ids must be 0..G-1 with every id used, got "
+                                 f"{sorted(set(groups))[:10]}")
 
 
 class TeviMask(nn.Module):
     """f_m: text embedding (n, d) -> mask (n, d1) in [0, 1], a 3-layer ReLU MLP, plus the InfoNCE
     temperature it is trained with. The input is L2-normalised first: CLIP text embeddings are
-    only meaningful up to scale."""
+    only meaningful up to scale. With `latent_groups` the MLP has one output per group and every
+    latent of a group gets its group's value: the mask can keep or drop a category, never one
+    value of it."""
 
     def __init__(self, cfg: TeviConfig):
         super().__init__()
@@ -97,14 +113,18 @@ class TeviMask(nn.Module):
         self.mlp = nn.Sequential(
             nn.Linear(cfg.d, cfg.hidden), nn.ReLU(),
             nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU(),
-            nn.Linear(cfg.hidden, cfg.n_latents),
+            nn.Linear(cfg.hidden, cfg.n_latents if cfg.latent_groups is None else max(cfg.latent_groups) + 1),
         )  # fmt: skip
+        groups = torch.as_tensor(cfg.latent_groups if cfg.latent_groups is not None else [], dtype=torch.long)
+        self.register_buffer("groups", groups, persistent=False)
         nn.init.constant_(self.mlp[-1].bias, cfg.mask_init_bias)
         self.logit_scale = nn.Parameter(torch.tensor(float(cfg.init_logit_scale)), requires_grad=cfg.learn_logit_scale)
 
     def forward(self, text_emb: torch.Tensor) -> torch.Tensor:
         """(n, d) -> (n, d1). In eval mode, values below `mask_floor` are zeroed."""
         m = torch.sigmoid(self.mlp(F.normalize(text_emb, dim=-1)) / self.cfg.mask_temperature)
+        if self.cfg.latent_groups is not None:
+            m = m[:, self.groups]  # (n, G) -> (n, d1)
         if not self.training and self.cfg.mask_floor > 0:
             m = m * (m >= self.cfg.mask_floor)
         return m
@@ -116,6 +136,14 @@ class TeviMask(nn.Module):
 def edit(latents: torch.Tensor, masks: torch.Tensor, decoder: torch.Tensor, b_pre: torch.Tensor) -> torch.Tensor:
     """Edited embeddings, row by row: (n, d1), (n, d1), (d1, d), (d,) -> (n, d) = (z ⊙ m) W_D + b_pre."""
     return (latents * masks) @ decoder + b_pre
+
+
+def with_partners(idx: np.ndarray, partners: np.ndarray) -> np.ndarray:
+    """A batch's rows `idx` followed by the partners of its pairs (`partners[idx]`, -1 = none) that
+    are not in it yet, each once, in ascending order: a pair twice in a batch would be its own
+    false negative in the InfoNCE."""
+    extra = partners[idx]
+    return np.concatenate([idx, np.setdiff1d(extra[extra >= 0], idx)])
 
 
 class _TeviTrainer(nn.Module):
@@ -150,6 +178,8 @@ class _TeviTrainer(nn.Module):
             loss = loss + (F.cross_entropy(S, target) + F.cross_entropy(S.T, target)) / 2
         if mode == "both":
             loss = loss / 2
+        if self.mask.cfg.mask_mass_coef > 0:
+            loss = loss + self.mask.cfg.mask_mass_coef * m.mean()
         return loss, m.mean()
 
 
@@ -183,7 +213,8 @@ class TEVI(Estimator):
     """
 
     Config = TeviConfig
-    DATA_FIELDS = ("d", "n_latents")
+    # latent_groups comes from the SAE's latents (a CG-SAE's categories): passed in Python, no CLI flag.
+    DATA_FIELDS = ("d", "n_latents", "latent_groups")
     WEIGHTS_FILE = MASK_FILE
 
     def fit(
@@ -195,6 +226,7 @@ class TEVI(Estimator):
         encoder_id: str | None = None,
         text_encoder: nn.Module | None = None,
         texts: Any = None,
+        partners: Any = None,
     ) -> TEVI:
         """Train the mask on pairs (image i, caption i) of `source`: a store with captions, or an
         (n, d) image array with `text_emb` (n, d), fixed. Or the captions are `texts` (n, ...) run
@@ -227,8 +259,14 @@ class TEVI(Estimator):
         if len(captions) != len(x):
             raise VlctlError(f"fit: {len(x)} image embeddings but {len(captions)} captions; pair them row by row")
         latents = sae.encode(x)  # (n, d1), the frozen SAE's codes, computed once
+        if partners is not None:
+            partners = np.asarray(partners)
+            if partners.shape != (len(x),) or partners.dtype.kind not in "iu" or (partners >= len(x)).any() \
+                    or (partners < -1).any():
+                raise VlctlError(f"fit: partners must be ({len(x)},) row indices (-1 = none), got shape "
+                                 f"{partners.shape}, dtype {partners.dtype}")
 
-        cfg = self._resolve(d=d, n_latents=d1)
+        cfg = self._resolve(d=d, n_latents=d1)  # TeviConfig refuses latent_groups of another length
         torch.manual_seed(cfg.seed)
         mask = TeviMask(cfg)
         net = _TeviTrainer(mask, sae_model.W_D, sae_model.b_pre, text_encoder)
@@ -238,6 +276,8 @@ class TEVI(Estimator):
                            "lr": cfg.text_lr, "weight_decay": 0.0})
 
         def make_batch(idx: np.ndarray, epoch: int):
+            if partners is not None:
+                idx = with_partners(idx, partners)
             idx = torch.as_tensor(idx)
             return latents[idx], captions[idx]
 
@@ -400,7 +440,7 @@ class TEVI(Estimator):
                              f"d={sae.config_.d}, d1={sae.config_.n_latents}")
         mask = TeviMask(config)
         load_checked_state(mask, tensors, path / MASK_FILE, cfg_path)
-        est = cls(dataclasses.replace(config, d=None, n_latents=None))
+        est = cls(dataclasses.replace(config, d=None, n_latents=None))  # latent_groups stays: not from data
         est.mask_, est.config_, est.sae_, est.encoder_id_ = mask.eval(), config, sae, encoder_id
         est.text_encoder_ = None
         if state.get("text_encoder_finetuned"):

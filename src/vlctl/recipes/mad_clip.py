@@ -1,6 +1,6 @@
 """Recipe `mad-clip`: generate MAD, train TinyCLIP from scratch, and evaluate the space.
 
-Stages: data (train + test MAD) -> train (TinyCLIP, InfoNCE; torchrun when procs > 1) ->
+Stages: data-test and data-train (MAD; the train split only when something reads it) -> train (TinyCLIP, InfoNCE; torchrun when procs > 1) ->
 embed (test images, captions, class texts) -> evaluate -> report. Reported: zero-shot accuracy
 per attribute category (beside the TEVI paper's CLIP), retrieval recall, and the histogram of
 positive-pair cosine similarities.
@@ -189,21 +189,59 @@ def stage_keys(cfg: MadClipRecipe) -> dict[str, dict]:
     return {"data": data_key, "train": train_key}
 
 
-def clip_stages(runner: Runner, cfg: MadClipRecipe) -> tuple[Path, Path, Path, dict]:
+def shipped_stage_keys(cfg: MadClipRecipe, stages: Path | None = None, **_: object) -> dict[str, dict]:
+    """The stages `make demo` ships: the CLIP's training and the train split's label values (their
+    keys depend on the config only)."""
+    return {"train": stage_keys(cfg)["train"], "values-train": split_key(cfg, "train")}
+
+
+def split_key(cfg: MadClipRecipe, split: str) -> dict:
+    """The key of a MAD split's stage (the test split has its own seed: disjoint source glyphs)."""
+    n, seed = (cfg.n_train, cfg.seed) if split == "train" else (cfg.n_test, cfg.seed + 1)
+    return {"split": split, "n": n, "seed": seed, "mad": config_to_dict(MadConfig())}
+
+
+class MadData:
+    """The two MAD splits of a run, each its own stage: `test` generated up front, `train` on first
+    use. The demo starts from a shipped CLIP and tevi-mad's shipped train-split embeddings, so it
+    never needs the 30,000 training images (two minutes of rendering on 2 cores)."""
+
+    def __init__(self, runner: Runner, cfg: MadClipRecipe):
+        self._runner, self._cfg, self._train = runner, cfg, None
+        self.test = self._split("test")
+
+    def _split(self, split: str) -> Path:
+        key = split_key(self._cfg, split)
+        mad = MadConfig(n=key["n"], seed=key["seed"], split=split)
+        return self._runner.stage(f"data-{split}", key, lambda w: generate_mad(mad, w / split)) / split
+
+    @property
+    def train(self) -> Path:
+        if self._train is None:
+            self._train = self._split("train")
+        return self._train
+
+    def train_values(self) -> dict[str, np.ndarray]:
+        """`image_values` and `caption_values` (n_train, 6) of the train split, from a small stage
+        of their own (shipped with the demo, so reading them never renders the images)."""
+        def save(work: Path) -> None:
+            labels = load_mad(self.train)["labels"]
+            atomic_save_npz(work / "values.npz", image_values=image_values(labels).astype(np.int8),
+                            caption_values=caption_values(labels).astype(np.int8))
+
+        with np.load(self._runner.stage("values-train", split_key(self._cfg, "train"), save) / "values.npz") as z:
+            return {k: z[k].astype(np.int64) for k in z.files}
+
+
+def clip_stages(runner: Runner, cfg: MadClipRecipe) -> tuple[MadData, Path, Path, dict]:
     """The data -> train -> embed stages (shared with recipes built on this CLIP, e.g. tevi-mad).
-    Returns (data_dir with train/ and test/, train_dir with model/, embed_dir, train stage key)."""
-    keys = stage_keys(cfg)
-    data_key, train_key = keys["data"], keys["train"]
-
-    def make_data(work: Path) -> None:
-        generate_mad(MadConfig(n=cfg.n_train, seed=cfg.seed, split="train"), work / "train")
-        generate_mad(MadConfig(n=cfg.n_test, seed=cfg.seed + 1, split="test"), work / "test")
-
-    data_dir = runner.stage("data", data_key, make_data)
-    train_dir = runner.stage("train", train_key, lambda w, r: _train(cfg, data_dir / "train", w, r), resumable=True)
+    Returns (the MadData splits, train_dir with model/, embed_dir, train stage key)."""
+    train_key = stage_keys(cfg)["train"]
+    data = MadData(runner, cfg)
+    train_dir = runner.stage("train", train_key, lambda w, r: _train(cfg, data.train, w, r), resumable=True)
     embed_key = {**train_key, "prompts_per_class": PROMPTS_PER_CLASS}
-    embed_dir = runner.stage("embed", embed_key, lambda w: _embed(train_dir / "model", data_dir / "test", w))
-    return data_dir, train_dir, embed_dir, train_key
+    embed_dir = runner.stage("embed", embed_key, lambda w: _embed(train_dir / "model", data.test, w))
+    return data, train_dir, embed_dir, train_key
 
 
 def run(out: Path, quick: bool = False, force: bool = False, cfg: MadClipRecipe | None = None,
@@ -211,11 +249,11 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: MadClipRecipe 
     cfg = cfg or load_preset(quick)
     runner = Runner(out, force=force, stages=stages, from_scratch=from_scratch)
     t_start = time.perf_counter()
-    data_dir, _train_dir, embed_dir, _ = clip_stages(runner, cfg)
+    data, _train_dir, embed_dir, _ = clip_stages(runner, cfg)
 
     # Evaluate: pure metrics over the cached arrays.
     emb = np.load(embed_dir / "embeddings.npz")
-    labels = load_mad(data_dir / "test")["labels"]
+    labels = load_mad(data.test)["labels"]
     img, txt = emb["image_emb"], emb["text_emb"]
     img_vals, cap_vals = image_values(labels), caption_values(labels)
     zero_shot = {c: metrics.zero_shot_accuracy(img, emb[f"text_{c}"], img_vals[:, ci]) for ci, c in enumerate(CATEGORIES)}
@@ -235,7 +273,7 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: MadClipRecipe 
     atomic_save_npz(arrays / "retrieval.npz", image_emb=img, text_emb=txt, image_values=img_vals, caption_values=cap_vals)
     atomic_save_npz(arrays / "positive_cosine.npz", cos=cos)
     atomic_write_text(arrays / "README.md", ARRAYS_README)
-    _figures(out, data_dir / "test", cos, zero_shot)
+    _figures(out, data.test, cos, zero_shot)
 
     results = {
         "recipe": "mad-clip",

@@ -10,6 +10,12 @@ original embeddings, of edited embeddings when the caption names the category an
 not, chance), the leakage control (each caption applied to a random other image), positive-pair
 alignment before/after, retrieval recall (base CLIP, exhaustive TEVI, TEVI-rerank of CLIP's top
 k), CG-SAE concept AUCs and the thickthinning ablation, and the SAE sweep.
+
+The leakage control is first-class (issue 23): per category, on mismatched pairs (a foreign
+caption naming another value), how often the edited embedding follows the image and how often
+the caption, in every variant's summary. `cg_group_mask` trains the CG-SAE's mask per attribute
+category (the presets' choice, measured on held-out training pairs: experiments/tevi_levers.py);
+`n_seeds` > 1 refits SAE and mask per seed and reports Tables A1/A2 as mean +- std.
 """
 
 from __future__ import annotations
@@ -24,7 +30,13 @@ import numpy as np
 from vlctl.config import config_from_dict, config_to_dict, opt
 from vlctl.data.mad import CATEGORIES, VALUES, load_mad
 from vlctl.eval import metrics
-from vlctl.eval.editing import concept_auc_matrix, conditioning_accuracy, leakage_accuracy, top_activating
+from vlctl.eval.editing import (
+    concept_auc_matrix,
+    conditioning_accuracy,
+    latent_purity,
+    leakage_accuracy,
+    top_activating,
+)
 from vlctl.eval.metrics import caption_relevance, recall_from_order
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
 from vlctl.methods.sae import fraction_variance_unexplained
@@ -34,6 +46,8 @@ from vlctl.report import Report
 
 EDITED = [c for c in CATEGORIES if c != "digit"]  # every caption names the digit: nothing to edit
 VARIANTS = ("learned", "cg")
+CONCEPT_NAMES = [f"{c}={v}" for c in CATEGORIES for v in VALUES[c]]
+N_PURITY = 5000  # training images the per-latent purity (best-concept AUC) is measured on
 # TEVI paper, MAD: Table A2 (learned SAE) and Table A1 (CG-SAE), mean of 5 runs.
 PAPER_CONDITIONING = {
     "learned": {"thickthinning": (92.9, 99.1, 54.3), "swelling": (96.2, 98.3, 57.0), "fracture": (92.8, 93.5, 59.1),
@@ -64,6 +78,14 @@ class TeviMadRecipe:
     mask_batch_size: int = opt(256, "mask training batch size", ge=1, le=16384)
     conditioning: str = opt("positive", "positive (Eq. 10, the paper's MAD setting) | negative (Eq. 11)",
                             choices=("positive", "negative", "both"))
+    mask_mass_coef: float = opt(0.0, "weight of a penalty on the mask's mean value (TeviConfig.mask_mass_coef)", ge=0,
+                                le=1000)
+    contradicting_batches: bool = opt(False, "each mask-training batch also holds, for every pair, a training caption "
+                                      "that names one attribute with another value (TEVI.fit partners)")
+    cg_group_mask: bool = opt(False, "CG-SAE: one mask value per attribute category, shared by its value latents "
+                              "(TeviConfig.latent_groups); False: the paper's free per-latent mask")
+    sae_resample_every: int = opt(0, "learned SAE: re-initialise dead latents every this many steps (0: never)",
+                                  ge=0, le=10**9)
     headline: str = opt("cg", "the variant whose numbers fill results.conditioning and arrays/conditioning.npz",
                         choices=VARIANTS)
     rerank_k: int = opt(100, "TEVI-rerank: re-score CLIP's top k", ge=1, le=10**6)
@@ -71,6 +93,9 @@ class TeviMadRecipe:
     sweep_expansion: tuple[int, ...] = opt((1, 4), "SAE sweep: expansion factors", ge=1, le=1024)
     sweep_epochs: int = opt(30, "SAE sweep: epochs per fit", ge=1, le=100_000)
     seed: int = opt(0, "seed of the SAE/mask fits and of the leakage permutation", ge=0, le=2**32 - 1)
+    n_seeds: int = opt(1, "SAE + mask fits with seeds seed .. seed+n_seeds-1; Tables A1/A2 are their mean +- std "
+                       "(the paper: mean of 5 runs); arrays/conditioning*.npz and retrieval*.npz are seed `seed`'s",
+                       ge=1, le=100)
 
     def __post_init__(self):
         if self.headline not in VARIANTS:
@@ -85,6 +110,32 @@ def load_preset(quick: bool) -> TeviMadRecipe:
 # --- stages ------------------------------------------------------------------------------------
 
 
+def contradicting_partners(cap_vals: np.ndarray, seed: int = 0) -> np.ndarray:
+    """(n,) for each caption a random other row whose caption names the same categories with the
+    same values except exactly one non-digit category, whose value differs; -1 when none exists.
+
+    cap_vals: (n, 6) value index per category, -1 = not named (`mad_clip.caption_values`). These
+    are the hard contradicting captions of `contradicting_batches` (TEVI.fit's partners)."""
+    rng = np.random.default_rng(seed)
+    keys = list(map(tuple, np.asarray(cap_vals).tolist()))
+    rows: dict[tuple, list[int]] = {}
+    for i, key in enumerate(keys):
+        rows.setdefault(key, []).append(i)
+    out = np.full(len(keys), -1, dtype=np.int64)
+    for i, key in enumerate(keys):
+        cands = [j for ci, c in enumerate(CATEGORIES) if c != "digit" and key[ci] >= 0
+                 for v in range(len(VALUES[c])) if v != key[ci]
+                 for j in rows.get(key[:ci] + (v,) + key[ci + 1:], ())]
+        if cands:
+            out[i] = cands[rng.integers(len(cands))]
+    return out
+
+
+def concept_categories() -> tuple[int, ...]:
+    """The category index of each CG-SAE latent (CATEGORIES x VALUES order, as `_concepts`)."""
+    return tuple(ci for ci, c in enumerate(CATEGORIES) for _ in VALUES[c])
+
+
 def _embed_train(encoder_dir: Path, train_dir: Path, work: Path) -> None:
     encoder, cache = mad_clip.embed_split(encoder_dir, train_dir, work)
     atomic_save_npz(work / "embeddings.npz", image_emb=np.asarray(cache.image_emb), text_emb=np.asarray(cache.text_emb))
@@ -97,22 +148,24 @@ def _concepts(test_emb) -> np.ndarray:
 
 
 def _fit_sae(cfg: TeviMadRecipe, variant: str, x: np.ndarray, concepts: np.ndarray, encoder_id: str, work: Path,
-             k: int | None = None, expansion: int | None = None, epochs: int | None = None):
+             k: int | None = None, expansion: int | None = None, epochs: int | None = None, seed: int | None = None):
     from vlctl.methods.sae import SparseAutoencoder
 
-    common = {"lr": cfg.sae_lr, "batch_size": cfg.sae_batch_size, "seed": cfg.seed, "dead_after": 20 * len(x) // 30}
+    common = {"lr": cfg.sae_lr, "batch_size": cfg.sae_batch_size, "seed": cfg.seed if seed is None else seed,
+              "dead_after": 20 * len(x) // 30}
     if variant == "cg":
         sae = SparseAutoencoder.from_concepts(concepts, k=cfg.cg_k, aux_k=0, epochs=cfg.cg_epochs, **common)
     else:
         sae = SparseAutoencoder(k=k or cfg.sae_k, expansion=expansion or cfg.sae_expansion, aux_k=cfg.sae_aux_k,
-                                epochs=epochs or cfg.sae_epochs, **common)
+                                epochs=epochs or cfg.sae_epochs, resample_every=cfg.sae_resample_every, **common)
     sae.fit(x, encoder_id)
     if work is not None:
         sae.save(work / "sae")
     return sae
 
 
-def _fit_tevi(cfg: TeviMadRecipe, sae_dir: Path, train: dict, work: Path) -> None:
+def _fit_tevi(cfg: TeviMadRecipe, sae_dir: Path, train: dict, work: Path, variant: str = "cg",
+              partners: np.ndarray | None = None, seed: int | None = None) -> None:
     import torch
 
     from vlctl.methods.sae import SparseAutoencoder
@@ -120,16 +173,23 @@ def _fit_tevi(cfg: TeviMadRecipe, sae_dir: Path, train: dict, work: Path) -> Non
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     sae = SparseAutoencoder.load(sae_dir)
+    groups = concept_categories() if variant == "cg" and cfg.cg_group_mask else None
     tevi = TEVI(hidden=cfg.mask_hidden, conditioning=cfg.conditioning, mask_temperature=cfg.mask_temperature,
                 mask_floor=cfg.mask_floor, lr=cfg.mask_lr, epochs=cfg.mask_epochs, batch_size=cfg.mask_batch_size,
-                seed=cfg.seed, out_dir=work / "run")
-    tevi.fit(train["image_emb"], train["text_emb"], sae=sae)
+                mask_mass_coef=cfg.mask_mass_coef, latent_groups=groups, seed=cfg.seed if seed is None else seed,
+                out_dir=work / "run")
+    tevi.fit(train["image_emb"], train["text_emb"], sae=sae, partners=partners)
     tevi.save(work / "tevi")
 
 
 def _sweep(cfg: TeviMadRecipe, train: dict, test_img: np.ndarray, test_emb, img_vals, encoder_id: str,
-           work: Path) -> None:
+           work: Path, train_vals: np.ndarray) -> None:
+    """Fit one learned SAE per (K, expansion); record test FVU and reconstructed zero-shot (reported)
+    and the criteria to choose by, on TRAINING embeddings: FVU, dead latents and per-latent purity
+    (best-concept AUC of each live latent, on the first len(train_vals) training images)."""
     rows = []
+    present = _present(train_vals)
+    x_pur = train["image_emb"][: len(train_vals)]
     for k in cfg.sweep_k:
         for e in cfg.sweep_expansion:
             sae = _fit_sae(cfg, "learned", train["image_emb"], None, encoder_id, None, k=k, expansion=e,
@@ -137,17 +197,38 @@ def _sweep(cfg: TeviMadRecipe, train: dict, test_img: np.ndarray, test_emb, img_
             rec = sae.reconstruct(test_img).numpy()
             zs = {c: metrics.zero_shot_accuracy(rec, test_emb[f"text_{c}"], img_vals[:, ci])
                   for ci, c in enumerate(CATEGORIES)}
+            purity, _ = latent_purity(sae.encode(x_pur).numpy(), present)
             rows.append({"k": k, "expansion": e, "n_latents": sae.config_.n_latents,
-                         "fvu": float(fraction_variance_unexplained(test_img, rec)), "dead_latents": sae.n_dead_, "zero_shot_rec": zs})
+                         "fvu": float(fraction_variance_unexplained(test_img, rec)), "fvu_train": float(sae.fvu_),
+                         "dead_latents": sae.n_dead_, "dead_fraction": sae.n_dead_ / sae.config_.n_latents,
+                         "purity_mean": _nanmean(purity), "purity": [None if np.isnan(p) else float(p) for p in purity],
+                         "zero_shot_rec": zs})
     atomic_write_json(work / "sweep.json", rows)
+
+
+def _present(vals: np.ndarray) -> np.ndarray:
+    """(N, 26) bool: image has concept (category, value), CATEGORIES x VALUES order."""
+    return np.concatenate([vals[:, [ci]] == np.arange(len(VALUES[c]))[None] for ci, c in enumerate(CATEGORIES)], axis=1)
+
+
+def _nanmean(x) -> float | None:
+    x = np.asarray(x, dtype=np.float64)
+    return float(np.nanmean(x)) if np.isfinite(x).any() else None
 
 
 # --- evaluation --------------------------------------------------------------------------------
 
 
-def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, cap_vals, out: Path, variant: str) -> dict:
+def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, cap_vals, out: Path, variant: str,
+                      seed: int | None = None) -> dict:
+    """Every figure of one variant's TEVI. Seed `cfg.seed` (the primary fit) writes the full arrays;
+    another seed writes `conditioning_<variant>_seed<s>.npz` and the top-10 orders of its exhaustive
+    scores (`retrieval_<variant>_seed<s>.npz`), enough to recompute its conditioning, leakage and
+    R@1/5/10, and skips the rerank."""
     from vlctl.methods.tevi import TEVI
 
+    seed = cfg.seed if seed is None else seed
+    primary = seed == cfg.seed
     tevi = TEVI.load(tevi_dir)
     img, txt = test_emb["image_emb"], test_emb["text_emb"]
     n = len(img)
@@ -163,6 +244,11 @@ def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, ca
         "in_caption_gap": float(np.mean([conditioning[c]["original"] - conditioning[c]["in_caption"] for c in EDITED])),
         "not_in_caption_excess": float(np.mean([conditioning[c]["not_in_caption"] - conditioning[c]["chance"]
                                                 for c in EDITED])),
+        # The leakage control's headline: an edit that keeps what the image shows follows the image
+        # on every category when the caption names another value (issue 23's target: >= 90).
+        "follows_image_min": float(min(leakage[c]["follows_image"] for c in EDITED)),
+        "follows_image_mean": float(np.mean([leakage[c]["follows_image"] for c in EDITED])),
+        "follows_caption_mean": float(np.mean([leakage[c]["follows_caption"] for c in EDITED])),
     }
     cos_before = metrics.positive_pair_cosine(img, txt)
     cos_after = metrics.positive_pair_cosine(edited, txt)
@@ -171,22 +257,33 @@ def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, ca
     t0 = time.perf_counter()
     exact = tevi.scores(img, txt).numpy()
     exact_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    rr_t2i = tevi.rerank(base, img, txt, k=cfg.rerank_k, direction="t2i").order.numpy()  # (P, Q)
-    rr_i2t = tevi.rerank(base, img, txt, k=cfg.rerank_k, direction="i2t").order.numpy()  # (Q, P)
-    rerank_s = time.perf_counter() - t0
     relevant = caption_relevance(img_vals, cap_vals)
-    rec_base = metrics.recall_at_k_relevant(base, relevant)
-    rec_exact = metrics.recall_at_k_relevant(exact, relevant)
-    rec_rerank = {**{f"i2t{k}": v for k, v in recall_from_order(rr_i2t, relevant.T).items()},
-                  **{f"t2i{k}": v for k, v in recall_from_order(rr_t2i, relevant).items()}}
-
-    arrays = out / "arrays"
     cond_arrays = dict(original_emb=img, edited_emb=edited, swapped_emb=swapped, swap_perm=perm,
                        **{f"text_{c}": test_emb[f"text_{c}"] for c in EDITED},
                        **{f"label_{c}": img_vals[:, CATEGORIES.index(c)] for c in EDITED},
                        **{f"in_caption_{c}": cap_vals[:, CATEGORIES.index(c)] >= 0 for c in EDITED},
                        **{f"caption_label_{c}": cap_vals[:, CATEGORIES.index(c)] for c in EDITED})
+    arrays = out / "arrays"
+    if not primary:
+        top_t2i = _top_order(exact, 10)  # (10, N_texts): each text's best images
+        top_i2t = _top_order(exact.T, 10)  # (10, N_images)
+        atomic_save_npz(arrays / f"conditioning_{variant}_seed{seed}.npz", **cond_arrays)
+        atomic_save_npz(arrays / f"retrieval_{variant}_seed{seed}.npz", top_order_t2i=top_t2i, top_order_i2t=top_i2t,
+                        image_values=img_vals, caption_values=cap_vals)
+        rec = {**{f"i2t{k}": v for k, v in recall_from_order(top_i2t, relevant.T).items()},
+               **{f"t2i{k}": v for k, v in recall_from_order(top_t2i, relevant).items()}}
+        return {"seed": seed, "conditioning": conditioning, "summary": summary, "leakage": leakage,
+                "alignment": {"before": float(cos_before.mean()), "after": float(cos_after.mean())},
+                "retrieval": {"tevi": rec}}
+    t0 = time.perf_counter()
+    rr_t2i = tevi.rerank(base, img, txt, k=cfg.rerank_k, direction="t2i").order.numpy()  # (P, Q)
+    rr_i2t = tevi.rerank(base, img, txt, k=cfg.rerank_k, direction="i2t").order.numpy()  # (Q, P)
+    rerank_s = time.perf_counter() - t0
+    rec_base = metrics.recall_at_k_relevant(base, relevant)
+    rec_exact = metrics.recall_at_k_relevant(exact, relevant)
+    rec_rerank = {**{f"i2t{k}": v for k, v in recall_from_order(rr_i2t, relevant.T).items()},
+                  **{f"t2i{k}": v for k, v in recall_from_order(rr_t2i, relevant).items()}}
+
     atomic_save_npz(arrays / f"conditioning_{variant}.npz", **cond_arrays)
     if variant == cfg.headline:
         atomic_save_npz(arrays / "conditioning.npz", **cond_arrays)
@@ -194,12 +291,33 @@ def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, ca
                     rerank_order_i2t=rr_i2t, image_values=img_vals, caption_values=cap_vals, edited_emb=edited,
                     text_emb=txt)
     return {
-        "conditioning": conditioning, "summary": summary, "leakage": leakage,
+        "seed": seed, "conditioning": conditioning, "summary": summary, "leakage": leakage,
         "alignment": {"before": float(cos_before.mean()), "after": float(cos_after.mean())},
         "retrieval": {"base": rec_base, "tevi": rec_exact, "tevi_rerank": rec_rerank},
         "seconds": {"tevi_scores_exhaustive": exact_s, "tevi_rerank": rerank_s},
         "_cos": (cos_before, cos_after),
     }
+
+
+def _top_order(scores: np.ndarray, k: int) -> np.ndarray:
+    """(k, Q): per column of `scores` (P, Q), the rows of its k largest scores, best first (ties:
+    lower row first), the layout `metrics.recall_from_order` reads."""
+    return np.argsort(-scores, axis=0, kind="stable")[:k]
+
+
+def _mean_std(runs: list[dict]) -> dict:
+    """Per-seed results of one variant -> the same nesting with {"mean", "std", "n"} at each number
+    (std: population standard deviation over the seeds, 0 for one seed)."""
+    def combine(values):
+        if isinstance(values[0], dict):
+            return {k: combine([v[k] for v in values]) for k in values[0] if all(k in v for v in values)}
+        x = np.asarray(values, dtype=np.float64)
+        return {"mean": float(np.mean(x)), "std": float(np.std(x)), "n": len(x)}
+
+    return combine([{"conditioning": r["conditioning"], "summary": r["summary"],
+                     "leakage": {c: {k: r["leakage"][c][k] for k in ("follows_image", "follows_caption")}
+                                 for c in r["leakage"]},
+                     "retrieval": {k: r["retrieval"]["tevi"][k] for k in ("i2t@1", "t2i@1")}} for r in runs])
 
 
 def _cg_probe(cg_sae_dir: Path, test_emb, img_vals, out: Path) -> tuple[dict, np.ndarray, np.ndarray]:
@@ -234,6 +352,12 @@ def _cg_probe(cg_sae_dir: Path, test_emb, img_vals, out: Path) -> tuple[dict, np
     return result, auc, z.numpy()
 
 
+def shipped_stage_keys(cfg: TeviMadRecipe, stages: Path | None = None, **_: object) -> dict[str, dict]:
+    """The stage `make demo` ships: the train split's embeddings by the --quick CLIP (what would
+    otherwise need the 30,000 training images rendered and embedded); its key is the CLIP's."""
+    return {"embed-train": mad_clip.stage_keys(mad_clip.load_preset(True))["train"]}
+
+
 def run(out: Path, quick: bool = False, force: bool = False, cfg: TeviMadRecipe | None = None,
         clip_cfg: mad_clip.MadClipRecipe | None = None, stages: Path | None = None,
         from_scratch: bool = False) -> Path:
@@ -241,54 +365,78 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: TeviMadRecipe 
     clip_cfg = clip_cfg or mad_clip.load_preset(quick)
     runner = Runner(out, force=force, stages=stages, from_scratch=from_scratch)
     t_start = time.perf_counter()
-    data_dir, train_dir, embed_dir, train_key = mad_clip.clip_stages(runner, clip_cfg)
+    data, train_dir, embed_dir, train_key = mad_clip.clip_stages(runner, clip_cfg)
     encoder_id = read_json(embed_dir / "encoder.json")["encoder_id"]
     train_emb_dir = runner.stage("embed-train", train_key,
-                                 lambda w: _embed_train(train_dir / "model", data_dir / "train", w))
+                                 lambda w: _embed_train(train_dir / "model", data.train, w))
     train = dict(np.load(train_emb_dir / "embeddings.npz"))
     test_emb = dict(np.load(embed_dir / "embeddings.npz"))
     concepts = _concepts(test_emb)
-    labels = load_mad(data_dir / "test")["labels"]
+    labels = load_mad(data.test)["labels"]
     img_vals, cap_vals = mad_clip.image_values(labels), mad_clip.caption_values(labels)
 
     rc = config_to_dict(cfg)
+    # Keys name only what changes a stage's output; the issue-23 levers enter only when set, so a
+    # stage cache made before them stays valid for the default (paper) settings.
     sae_key = {"clip": train_key, "k": cfg.sae_k, "expansion": cfg.sae_expansion, "aux_k": cfg.sae_aux_k,
-               "epochs": cfg.sae_epochs, "lr": cfg.sae_lr, "batch": cfg.sae_batch_size, "seed": cfg.seed}
+               "epochs": cfg.sae_epochs, "lr": cfg.sae_lr, "batch": cfg.sae_batch_size, "seed": cfg.seed,
+               **({"resample_every": cfg.sae_resample_every} if cfg.sae_resample_every else {})}
     cg_key = {"clip": train_key, "k": cfg.cg_k, "epochs": cfg.cg_epochs, "lr": cfg.sae_lr, "batch": cfg.sae_batch_size,
               "seed": cfg.seed, "concepts": "prompt-ensemble, centred"}
-    sae_dirs = {
-        "learned": runner.stage("sae", sae_key, lambda w: _fit_sae(cfg, "learned", train["image_emb"], concepts,
-                                                                    encoder_id, w)),
-        "cg": runner.stage("cg-sae", cg_key, lambda w: _fit_sae(cfg, "cg", train["image_emb"], concepts, encoder_id, w)),
-    }
     mask_key = {k: rc[k] for k in ("mask_hidden", "mask_temperature", "mask_floor", "mask_epochs", "mask_lr",
                                    "mask_batch_size", "conditioning", "seed")}
-    tevi_dirs = {
-        v: runner.stage(f"tevi-{v}", {"sae": sae_key if v == "learned" else cg_key, **mask_key},
-                        lambda w, v=v: _fit_tevi(cfg, sae_dirs[v] / "sae", train, w))
-        for v in VARIANTS
-    }
+    mask_key.update({k: rc[k] for k in ("mask_mass_coef", "contradicting_batches") if rc[k]})
+    partners = None
+    if cfg.contradicting_batches:  # reads the training images' labels (generates that split if need be)
+        partners = contradicting_partners(data.train_values()["caption_values"], cfg.seed)
+    seeds = [cfg.seed + i for i in range(cfg.n_seeds)]
+    sae_dirs, tevi_dirs = {}, {}  # (variant, seed) -> stage dir
+    for s in seeds:
+        # The primary seed's stages keep their names (scripts find them with find_stage); others get -seed<s>.
+        tag = "" if s == cfg.seed else f"-seed{s}"
+        keys = {"learned": {**sae_key, "seed": s}, "cg": {**cg_key, "seed": s}}
+        sae_dirs["learned", s] = runner.stage(f"sae{tag}", keys["learned"], lambda w, s=s: _fit_sae(
+            cfg, "learned", train["image_emb"], concepts, encoder_id, w, seed=s))
+        sae_dirs["cg", s] = runner.stage(f"cg-sae{tag}", keys["cg"], lambda w, s=s: _fit_sae(
+            cfg, "cg", train["image_emb"], concepts, encoder_id, w, seed=s))
+        for v in VARIANTS:
+            groups = {"cg_group_mask": True} if v == "cg" and cfg.cg_group_mask else {}
+            tevi_dirs[v, s] = runner.stage(
+                f"tevi-{v}{tag}", {"sae": keys[v], **mask_key, "seed": s, **groups},
+                lambda w, v=v, s=s: _fit_tevi(cfg, sae_dirs[v, s] / "sae", train, w, v, partners, s))
     sweep_key = {"clip": train_key, "k": list(cfg.sweep_k), "expansion": list(cfg.sweep_expansion),
-                 "epochs": cfg.sweep_epochs, "aux_k": cfg.sae_aux_k, "lr": cfg.sae_lr, "seed": cfg.seed}
+                 "epochs": cfg.sweep_epochs, "aux_k": cfg.sae_aux_k, "lr": cfg.sae_lr, "seed": cfg.seed,
+                 "purity": f"train[:{N_PURITY}]",
+                 **({"resample_every": cfg.sae_resample_every} if cfg.sae_resample_every else {})}
+    train_vals = data.train_values()["image_values"][:N_PURITY]  # a small stage: no need to render the images
     sweep_dir = runner.stage("sae-sweep", sweep_key, lambda w: _sweep(cfg, train, test_emb["image_emb"], test_emb,
-                                                                      img_vals, encoder_id, w))
+                                                                      img_vals, encoder_id, w, train_vals))
 
     # Evaluate.
     t_eval = time.perf_counter()
-    variants = {v: _evaluate_variant(cfg, tevi_dirs[v] / "tevi", test_emb, img_vals, cap_vals, out, v)
+    variants = {v: _evaluate_variant(cfg, tevi_dirs[v, cfg.seed] / "tevi", test_emb, img_vals, cap_vals, out, v)
                 for v in VARIANTS}
+    per_seed = {v: [variants[v]] + [_evaluate_variant(cfg, tevi_dirs[v, s] / "tevi", test_emb, img_vals, cap_vals, out,
+                                                      v, seed=s) for s in seeds[1:]]
+                for v in VARIANTS}
+    seeds_summary = {v: {"seeds": seeds, **_mean_std(per_seed[v])} for v in VARIANTS}
+    sae_dirs = {v: sae_dirs[v, cfg.seed] for v in VARIANTS}
     cg, auc, cg_latents = _cg_probe(sae_dirs["cg"] / "sae", test_emb, img_vals, out)
     from vlctl.methods.sae import SparseAutoencoder
 
     sae = SparseAutoencoder.load(sae_dirs["learned"] / "sae")
     rec = sae.reconstruct(test_emb["image_emb"]).numpy()
+    purity, best = latent_purity(sae.encode(train["image_emb"][:N_PURITY]).numpy(), _present(train_vals))
     sae_stats = {"fvu": float(fraction_variance_unexplained(test_emb["image_emb"], rec)), "dead_latents": sae.n_dead_,
                  "n_latents": sae.config_.n_latents, "k": sae.config_.k,
+                 "dead_fraction": sae.n_dead_ / sae.config_.n_latents, "purity_mean": _nanmean(purity),
+                 "purity": [None if np.isnan(p) else float(p) for p in purity],
+                 "purity_concept": [None if b < 0 else CONCEPT_NAMES[b] for b in best],
                  "zero_shot_rec": {c: metrics.zero_shot_accuracy(rec, test_emb[f"text_{c}"], img_vals[:, ci])
                                    for ci, c in enumerate(CATEGORIES)}}
     cos = {v: variants[v].pop("_cos") for v in VARIANTS}
     head = variants[cfg.headline]
-    _figures(out, cos, auc, cg_latents, data_dir / "test")
+    _figures(out, cos, auc, cg_latents, data.test)
     atomic_write_text(out / "arrays" / "README.md", ARRAYS_README)
     runner.timings["evaluate"] = {"seconds": time.perf_counter() - t_eval, "cached": False}
 
@@ -306,6 +454,7 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: TeviMadRecipe 
         "alignment": head["alignment"],
         "retrieval": head["retrieval"],
         "variants": variants,
+        "seeds": seeds_summary,
         "cg_sae": cg,
         "sae": sae_stats,
         "sae_sweep": read_json(sweep_dir / "sweep.json"),
@@ -387,10 +536,20 @@ Every number in report.md / results.json is recomputed from these files with `vl
   TEVI-rerank: `rerank_order_t2i` (N_images, N_texts; column j = text j's images, best first)
   and `rerank_order_i2t` (N_texts, N_images); recall = `vlctl.eval.metrics.recall_from_order(order,
   relevant)` (t2i) and `recall_from_order(order_i2t, relevant.T)` (i2t).
+- Seeds after the first (`n_seeds` > 1): `conditioning_<variant>_seed<s>.npz` (the same fields)
+  and `retrieval_<variant>_seed<s>.npz` with `top_order_t2i` (10, N_texts) / `top_order_i2t` (10,
+  N_images), each query's 10 best by the exhaustive TEVI score: R@1/5/10 =
+  `metrics.recall_from_order(top_order_t2i, relevant)` / `(top_order_i2t, relevant.T)`.
+  `results.seeds[variant]` = mean and std over the seeds of these figures.
 - `cg_sae.npz`: `latents` (N, 26) CG-SAE codes, `concept_present` (N, 26), `auc` (26, 26) =
   `editing.concept_auc_matrix(latents, concept_present)` (percent), `reconstructed_emb`,
   `ablated_emb` (thickthinning latents zeroed), and `text_c`, `label_c` for zero-shot accuracy.
 """
+
+
+def _pm(x: dict) -> str:
+    """{"mean", "std"} -> "mean +- std" (one decimal)."""
+    return f"{x['mean']:.1f} +- {x['std']:.1f}"
 
 
 def _report(cfg: TeviMadRecipe, r: dict, quick: bool) -> Report:
@@ -399,8 +558,12 @@ def _report(cfg: TeviMadRecipe, r: dict, quick: bool) -> Report:
              "Two SAE variants, as in the paper: a learned TopK SAE and a CLIP-guided SAE (CG-SAE: one latent per "
              "attribute value, decoder rows fixed to the value's text embedding, centred on the concepts' mean). "
              f"Mask: 3-layer MLP, {cfg.conditioning} conditioning, sigmoid temperature {cfg.mask_temperature}, "
-             f"mask values below {cfg.mask_floor} zeroed at inference. "
+             f"mask values below {cfg.mask_floor} zeroed at inference"
+             + (f", mask-mass penalty {cfg.mask_mass_coef}" if cfg.mask_mass_coef else "")
+             + (", batches holding contradicting captions" if cfg.contradicting_batches else "")
+             + (", CG-SAE mask per attribute category" if cfg.cg_group_mask else "") + ". "
              "All numbers are percentages unless noted, recomputable from arrays/ (arrays/README.md).")
+    n_seeds = len(r["seeds"]["cg"]["seeds"])
     for v, title, table in (("cg", "CG-SAE", "A1"), ("learned", "learned SAE", "A2")):
         res = r["variants"][v]
         rep.heading(f"Conditioning effectiveness, {title} (paper Table {table})")
@@ -415,17 +578,35 @@ def _report(cfg: TeviMadRecipe, r: dict, quick: bool) -> Report:
         paper_excess = np.mean([PAPER_CONDITIONING[v][c][2] - 100 / len(VALUES[c]) for c in EDITED])
         rep.text(f"Mean over the five categories: original - in caption = {s['in_caption_gap']:.1f} points "
                  f"(target: within 2); not in caption - chance = {s['not_in_caption_excess']:.1f} points "
-                 f"(paper: {paper_excess:.1f}; target <= 10.5).")
+                 f"(paper: {paper_excess:.1f}; target <= {paper_excess:.1f}).")
+        if n_seeds > 1:
+            ms = r["seeds"][v]
+            rep.text(f"Mean +- std over seeds {ms['seeds']} (the paper: mean of 5 runs); the tables above are seed "
+                     f"{ms['seeds'][0]}'s.")
+            rows = [[c, _pm(ms["conditioning"][c]["original"]), PAPER_CONDITIONING[v][c][0],
+                     _pm(ms["conditioning"][c]["in_caption"]), PAPER_CONDITIONING[v][c][1],
+                     _pm(ms["conditioning"][c]["not_in_caption"]), PAPER_CONDITIONING[v][c][2],
+                     _pm(ms["leakage"][c]["follows_image"])] for c in EDITED]
+            rep.table(["category", "original", "paper", "in caption", "paper", "not in caption", "paper",
+                       "follows image (foreign caption)"], rows)
+            sm = ms["summary"]
+            rep.text(f"Over the seeds: in-caption gap {_pm(sm['in_caption_gap'])}, not-in-caption excess "
+                     f"{_pm(sm['not_in_caption_excess'])}, follows image (worst category) "
+                     f"{_pm(sm['follows_image_min'])}, TEVI i2t@1 {_pm(ms['retrieval']['i2t@1'])}, t2i@1 "
+                     f"{_pm(ms['retrieval']['t2i@1'])}.")
         rep.text("Leakage control: each test image edited by a random other image's caption. 'keeps image': "
                  "accuracy against the image's own labels where the foreign caption names the category; "
                  "on pairs where the caption names a different value, how often the prediction follows the image "
                  "and how often it follows the caption (a mask that writes the caption's labels in would follow "
                  "the caption).")
-        rows = [[c, res["conditioning"][c]["in_caption"], res["leakage"][c]["image_accuracy"],
-                 res["leakage"][c]["follows_image"], res["leakage"][c]["follows_caption"], res["leakage"][c]["n_pairs"]]
-                for c in EDITED]
-        rep.table(["category", "own caption", "foreign caption: keeps image", "follows image", "follows caption",
-                   "pairs"], rows)
+        rows = [[c, res["conditioning"][c]["original"], res["conditioning"][c]["in_caption"],
+                 res["leakage"][c]["image_accuracy"], res["leakage"][c]["follows_image"],
+                 res["leakage"][c]["follows_caption"], res["leakage"][c]["n_pairs"]] for c in EDITED]
+        rep.table(["category", "original", "own caption", "foreign caption: keeps image", "follows image",
+                   "follows caption", "pairs"], rows)
+        rep.text(f"Follows image: worst category {s['follows_image_min']:.1f}, mean {s['follows_image_mean']:.1f} "
+                 f"(target: >= 90 on every category; an edit only removes information, so a category's follows-image "
+                 f"cannot exceed much its original accuracy); follows caption, mean {s['follows_caption_mean']:.1f}.")
         rep.text(f"Alignment: mean positive-pair cosine {res['alignment']['before']:.3f} (CLIP) -> "
                  f"{res['alignment']['after']:.3f} (TEVI-edited); paper, COCO: 0.417 -> 0.470.")
         rec = res["retrieval"]
@@ -449,14 +630,19 @@ def _report(cfg: TeviMadRecipe, r: dict, quick: bool) -> Report:
     rep.table(["category", "original", "reconstructed", "thickthinning ablated", "chance"], rows)
     s = r["sae"]
     rep.heading("SAE")
+    pur = "n/a" if s["purity_mean"] is None else f"{s['purity_mean']:.1f}"
     rep.text(f"Learned SAE: {s['n_latents']} latents, K={s['k']}: test FVU {s['fvu']:.4f}, dead latents "
-             f"{s['dead_latents']}.")
+             f"{s['dead_latents']} ({100 * s['dead_fraction']:.0f}%; target <= 10%). Purity (best-concept ROC-AUC of "
+             f"each live latent on {N_PURITY} training images; 100 = fires exactly on one attribute value): mean {pur}.")
     rep.table(["category", "original", "reconstructed"],
               [[c, zs["original"][c], s["zero_shot_rec"][c]] for c in CATEGORIES])
-    rep.text("Model-selection sweep (test-set FVU, dead latents, zero-shot accuracy of the reconstructions):")
-    rep.table(["K", "expansion", "latents", "FVU", "dead", *CATEGORIES],
-              [[w["k"], w["expansion"], w["n_latents"], w["fvu"], w["dead_latents"],
-                *[w["zero_shot_rec"][c] for c in CATEGORIES]] for w in r["sae_sweep"]], digits=3)
+    rep.text("Model-selection sweep: FVU on the training embeddings (what to choose by) and on the test set, dead "
+             "latents, mean purity of the live latents (training images), zero-shot accuracy of the test "
+             "reconstructions:")
+    rep.table(["K", "expansion", "latents", "FVU train", "FVU test", "dead", "purity", *CATEGORIES],
+              [[w["k"], w["expansion"], w["n_latents"], w["fvu_train"], w["fvu"], w["dead_latents"],
+                "n/a" if w["purity_mean"] is None else w["purity_mean"], *[w["zero_shot_rec"][c] for c in CATEGORIES]]
+               for w in r["sae_sweep"]], digits=3)
     rep.heading("Timings")
     rep.table(["stage", "seconds", "cached"],
               [[k, v["seconds"], v["cached"]] for k, v in r["timings"].items() if isinstance(v, dict)]

