@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 OUT     ?= runs/demo
 
-.PHONY: install demo reproduce test test-all bench lint clean
+.PHONY: install demo reproduce test test-all bench bench-peers lint clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -28,9 +28,26 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m ''
 
-bench: $(STAMP)
+# vlctl beside the tools users would pick instead (issue 24), in a venv of their own: the peers
+# pull in heavy dependencies (transformer-lens, nnsight, diffusers, wandb) that the project must not
+# carry. torch, torchvision and numpy are held at the project's pins by the constraints file; vlctl
+# itself comes from the working tree through PYTHONPATH=src, never installed there.
+PEERS       := .venv-peers
+PEERS_STAMP := $(PEERS)/.installed
+
+$(PEERS_STAMP): benchmarks/peers-requirements.txt benchmarks/peers-constraints.txt
+	test -d $(PEERS) || $(PY) -m venv $(PEERS)
+	$(PEERS)/bin/pip install --quiet -r benchmarks/peers-requirements.txt -c benchmarks/peers-constraints.txt
+	touch $(PEERS_STAMP)
+
+bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python benchmarks/run.py
 	$(BIN)/python benchmarks/index_bench.py --kinds flat ivfpq --json benchmarks/index_results.json
+	$(BIN)/python benchmarks/serve_load.py --demo-dir $(OUT) --json benchmarks/serve_load.json
+	PYTHONPATH=src $(PEERS)/bin/python benchmarks/peers.py
+
+bench-peers: $(PEERS_STAMP)
+	PYTHONPATH=src $(PEERS)/bin/python benchmarks/peers.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks experiments

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from vlctl.audit import AuditConfig, bootstrap_accuracy, generator_for, load_pairs, tree_items
 from vlctl.cli import main
-from vlctl.eval.audit import AuditConfig, bootstrap_accuracy, generator_for, load_pairs, tree_items
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +76,8 @@ def test_audit_scenes_tinyclip_numbers_match_the_saved_arrays(scenes, tmp_path, 
 
 @pytest.mark.slow
 def test_audit_repair_refuses_or_keeps_by_retrieval(scenes, tmp_path):
+    from vlctl.audit import run_audit
     from vlctl.encoders import create
-    from vlctl.eval.audit import run_audit
 
     data, base = scenes
     enc = create(f"tiny:{base}")

@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("vlctl.methods",),  # L6
     ("vlctl.eval",),  # L7
     ("vlctl.report",),  # L8
-    ("vlctl.recipes", "vlctl.index", "vlctl.serve"),  # L9
+    ("vlctl.recipes", "vlctl.index", "vlctl.serve", "vlctl.audit"),  # L9
     ("vlctl.cli",),  # L10, with the package itself (below)
 )
 TOP = ("vlctl", "vlctl.__main__")  # exact names, in the last layer: vlctl/__init__.py and __main__.py

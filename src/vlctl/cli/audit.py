@@ -8,9 +8,9 @@ from vlctl.config import add_config_args, config_from_args
 
 
 def audit_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.audit import AuditConfig
     from vlctl.cli.args import blocks_arg, device_arg, in_path, out_path, text_arg
     from vlctl.encoders.factory import SPEC_FORMS
-    from vlctl.eval.audit import AuditConfig
 
     p.add_argument("--encoder", required=True, type=text_arg("spec"), help="encoder spec: " + " | ".join(SPEC_FORMS))
     p.add_argument("--pairs", required=True, type=in_path("pairs", "any"),
@@ -27,9 +27,9 @@ def audit_args(p: argparse.ArgumentParser) -> None:
 
 
 def audit(args: argparse.Namespace) -> dict:
+    from vlctl.audit import AuditConfig, load_pairs, run_audit
     from vlctl.cli.explain import _parse_blocks
     from vlctl.encoders import create
-    from vlctl.eval.audit import AuditConfig, load_pairs, run_audit
 
     cfg = config_from_args(AuditConfig, args)
     pairs = load_pairs(args.pairs, args.images)
