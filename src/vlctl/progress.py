@@ -107,9 +107,11 @@ def heartbeat(label: str, every: float = EVERY_S) -> Iterator[None]:
     token = object()
 
     def beat() -> None:
-        while not stop.wait(min(every, 5.0)):
+        # Wake exactly `every` s after the last line printed (by anyone), so no gap exceeds it.
+        # (At least 0.2 s between wake-ups: an outer heartbeat stays overdue while an inner one runs.)
+        while not stop.wait(max(0.2, max(_last_line[0], t0) + every - time.monotonic())):
             now = time.monotonic()
-            if _beating and _beating[-1] is token and now - max(_last_line[0], t0) >= every:
+            if _beating and _beating[-1] is token and now - max(_last_line[0], t0) >= every - 0.01:
                 say(f"{label}: running, {_duration(now - t0)}")
 
     _beating.append(token)

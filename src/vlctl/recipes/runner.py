@@ -7,10 +7,11 @@ re-running the recipe finds it and skips the work. Stages are built in `<dir>.pa
 renamed when they finish, so an interrupted stage is never mistaken for a finished one; a
 resumable stage (training) picks its `.partial/` directory up again.
 
-Shipped checkpoints. The train stages of the `--quick` presets are committed under
-`recipes/checkpoints/<name>-<key>/` (their `done.json` and `model/`, listed with their hashes in
-`checkpoints/manifest.json`), so `make demo` runs every method, evaluation and report on trained
-models in minutes. A stage that is not finished in STAGES but is shipped with the same directory
+Shipped checkpoints. The `--quick` presets' training stages (and the MAD train split's
+embeddings and label values, which would otherwise need 30,000 images rendered) are committed
+under `recipes/checkpoints/<name>-<key>/` (their files listed with their hashes in
+`checkpoints/manifest.json`; `vlctl.recipes.shipped` says which), so `make demo` runs every
+method, evaluation and report on trained models in minutes. A stage that is not finished in STAGES but is shipped with the same directory
 name (so the same key) is copied from there, after its files are checked against the manifest.
 `from_scratch=True` (`vlctl reproduce --from-scratch`, also implied by `--force`) never reads them.
 """
@@ -66,8 +67,8 @@ class Runner:
             os.replace(partial, final)
             self.timings[name] = {"seconds": entry["seconds"], "cached": True, "shipped": True}
             if self.verbose:
-                _say(f"stage {name}: the shipped checkpoint (trained in {entry['seconds']:.0f} s; "
-                     "--from-scratch retrains it)")
+                _say(f"stage {name}: shipped with vlctl (computed in {entry['seconds']:.0f} s; "
+                     "--from-scratch recomputes it)")
             return final
         resume = resumable and partial.is_dir()
         if not resume:
