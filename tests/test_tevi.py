@@ -64,7 +64,8 @@ def test_mask_init_and_range():
     floored.load_state_dict(mask.state_dict())
     torch.testing.assert_close(floored(t), mask(t))  # training mode: the soft mask
     floored.eval()
-    nn.init.normal_(floored.mlp[-1].bias)
+    with torch.no_grad():  # logits on both sides of the floor (an unseeded normal_ was not always)
+        floored.mlp[-1].bias.copy_(torch.linspace(-3.0, 3.0, S))
     mask.load_state_dict(floored.state_dict())
     soft, hard = mask(t), floored(t)
     assert (soft < 0.4).any() and (soft >= 0.4).any()

@@ -36,7 +36,10 @@ CONFIGS = [
     "vlctl.encoders.tiny_config:TinyCLIPConfig", "vlctl.embeddings.extract:ExtractConfig",
     "vlctl.embeddings.search:IndexConfig", "vlctl.recipes.mad_clip:MadClipRecipe",
     "vlctl.recipes.tevi_mad:TeviMadRecipe", "vlctl.recipes.three_vl_scenes:ThreeVLScenesRecipe",
-    "vlctl.recipes.controlembed_shapes:ControlEmbedShapesRecipe",
+    "vlctl.recipes.controlembed_shapes:ControlEmbedShapesRecipe", "vlctl.recipes.three_vl_lit:ThreeVLLitRecipe",
+    "vlctl.recipes.tevi_coco:TeviCocoRecipe", "vlctl.recipes.controlembed_real:ControlEmbedRealRecipe",
+    "vlctl.recipes.three_vl_coco:ThreeVLCocoRecipe", "vlctl.recipes.real_data:ThreeVLCocoData",
+    "vlctl.recipes.real_common:EncoderRun", "vlctl.audit:AuditConfig", "vlctl.serve.app:ServeConfig",
 ]
 
 

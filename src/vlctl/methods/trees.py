@@ -22,8 +22,10 @@ never equals any positive of the tree. The replacement word comes from the stage
 LM, the closed class); with a `vocabulary`, only words in it are used. Captions are checked
 with `vlctl.methods.negatives.check_caption`.
 
-3VL's Anchor text is `vlctl.methods.anchor` (`anchor_text`, `anchor_diff`, importable from here
-too).
+What the parse says about each token (compounds, fixed phrases, why a token gets no negative,
+animacy) is `vlctl.methods.caption_parse`; the JSONL tree cache is `vlctl.methods.tree_cache`
+(`TreeCache`). 3VL's Anchor text is `vlctl.methods.anchor` (`anchor_text`, `anchor_diff`). All are
+importable from here too.
 """
 
 from __future__ import annotations
@@ -33,15 +35,22 @@ import hashlib
 import json
 import os
 import re
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from vlctl.config import opt, validate_config
 from vlctl.io import VlctlError
+from vlctl.methods import caption_parse as parse
 from vlctl.methods import wordnet as wnmod
 from vlctl.methods.anchor import anchor_diff, anchor_text  # noqa: F401 (their old home)
+from vlctl.methods.caption_parse import (  # noqa: F401 (IDIOM_OBJECTS ... _tag_for: their old home)
+    _OVERRIDE_TAGS,
+    IDIOM_OBJECTS,
+    PHRASAL_VERBS,
+    _crude_base,
+    _tag_for,
+    _verb_lemma,
+)
 from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_hash: their old home)
     _ALNUM,
     _COPULA,
@@ -77,6 +86,7 @@ from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_ha
     pos_table,
     zipf,
 )
+from vlctl.methods.tree_cache import TreeCache
 
 GENERATOR_VERSION = "3vl-trees-2"
 TREE_POS = ("NOUN", "ADJ", "ADP", "VERB")
@@ -94,60 +104,6 @@ class TreeConfig:
 
     def __post_init__(self) -> None:
         validate_config(self)  # every field in its declared range (the opt() above)
-
-
-class TreeCache:
-    """Trees on disk as JSON lines {"key", "caption", "tree"}, one per caption and settings.
-
-    The key hashes the generator version, seed, settings fingerprint and caption, so a line
-    written under other settings is never returned. Appends write one whole line with O_APPEND
-    (several processes may share the file); a truncated or corrupt line (a crash mid-write) is
-    skipped with a warning.
-    """
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self._entries: dict[str, tuple[str, list]] = {}
-        self.skipped_lines = 0
-        if self.path.exists() and not self.path.is_file():
-            raise VlctlError(f"{self.path}: tree cache must be a JSONL file, not a directory")
-        if self.path.exists():
-            self._read()
-
-    def _read(self) -> None:
-        data = self.path.read_bytes()
-        lines = data.split(b"\n")
-        for i, raw in enumerate(lines):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw)
-                self._entries[row["key"]] = (row["caption"], row["tree"])
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-                self.skipped_lines += 1
-                last = i == len(lines) - 1
-                warnings.warn(f"{self.path}: {'truncated last' if last else 'corrupt'} line {i + 1} ignored",
-                              stacklevel=3)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: str, caption: str) -> list | None:
-        hit = self._entries.get(key)
-        return hit[1] if hit is not None and hit[0] == caption else None
-
-    def put(self, key: str, caption: str, tree: list) -> None:
-        line = (json.dumps({"key": key, "caption": caption, "tree": tree}, ensure_ascii=False) + "\n").encode("utf-8")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                line = b"\n" + line  # after a truncated line: start our own
-            os.write(fd, line)
-        finally:
-            os.close(fd)
-        self._entries[key] = (caption, tree)
 
 
 class TreeGenerator:
@@ -242,74 +198,6 @@ class TreeGenerator:
         s = self.seed if seed is None else seed
         return hashlib.sha256(f"{GENERATOR_VERSION}\x1f{s}\x1f{self.fingerprint_}\x1f{caption}".encode()).hexdigest()
 
-    # -- the parse --
-
-    def _retag(self, doc) -> None:
-        """Forced tags (pos_overrides), then lower-case PROPN that WordNet knows as a common word
-        ("white" in "white surfboard") read as that word: before noun chunks are computed."""
-        for tok in doc:
-            lower = tok.lower_
-            if lower in self.overrides_:
-                pos = self.overrides_[lower]
-                tok.tag_ = _tag_for(pos, tok.tag_)
-                tok.pos_ = pos
-            elif tok.pos_ == "PROPN" and (tok.text.islower() or tok.i == 0) and self.wn_ is not None:
-                noun, adj = wnmod.knows(self.wn_, lower, "NOUN"), wnmod.knows(self.wn_, lower, "ADJ")
-                if adj and (tok.dep_ in ("amod", "compound") or not noun):
-                    tok.pos_, tok.tag_ = "ADJ", "JJ"
-                elif noun:
-                    tok.pos_, tok.tag_ = "NOUN", "NNS" if tok.tag_ == "NNPS" else "NN"
-
-    def _units(self, doc) -> dict[int, tuple[int, int]]:
-        """Token spans that are one word for levels and negatives: WordNet compounds ("fire
-        hydrant", "hot dog") and hyphenated words ("long-haired"). {token index: (start, end)}."""
-        where: dict[int, tuple[int, int]] = {}
-        i, n = 0, len(doc)
-        while i < n:
-            j = i
-            # hyphenated: word-word with no spaces around the hyphen
-            while (j + 2 < n and doc[j + 1].text == "-" and not doc[j].whitespace_ and not doc[j + 1].whitespace_
-                   and doc[j + 2].is_alpha):
-                j += 2
-            if j > i:
-                for k in range(i, j + 1):
-                    where[k] = (i, j + 1)
-                i = j + 1
-                continue
-            if (self.wn_ is not None and i + 1 < n and doc[i].is_alpha and doc[i + 1].is_alpha
-                    and doc[i].pos_ in ("NOUN", "ADJ", "PROPN", "VERB") and doc[i + 1].pos_ in ("NOUN", "ADJ", "PROPN")
-                    and doc[i].lower_ not in NON_VISUAL_ADJ
-                    and (f"{doc[i].lower_} {doc[i + 1].lower_}" in COMPOUNDS
-                         or self._wn_compound(doc[i], doc[i + 1]))):
-                where[i] = where[i + 1] = (i, i + 2)
-                i += 2
-                continue
-            i += 1
-        return where
-
-    def _wn_compound(self, first, second) -> bool:
-        """A WordNet compound noun; with an adjective first, not a person ("old man" = father and
-        "little girl" are an adjective and a noun for a caption; "hot dog" is food)."""
-        words = (first.lower_, wnmod.base_form(self.wn_, second.lower_, "NOUN"))
-        if not wnmod.is_compound(self.wn_, words):
-            return False
-        if first.pos_ != "ADJ":
-            return True
-        sense = wnmod.most_frequent_sense(self.wn_, "_".join(words), "NOUN")
-        return sense is not None and sense.lexname() != "noun.person"
-
-    def _fixed(self, doc) -> dict[int, str]:
-        """Tokens inside a fixed phrase ("on top of", "next to", "a couple of"): {index: phrase}."""
-        low = [t.lower_ for t in doc]
-        out: dict[int, str] = {}
-        for phrase in FIXED_PHRASES:
-            k = len(phrase)
-            for i in range(len(low) - k + 1):
-                if tuple(low[i:i + k]) == phrase:
-                    for j in range(i, i + k):
-                        out.setdefault(j, " ".join(phrase))
-        return out
-
     # -- candidates --
 
     def _candidates(self, lower: str, base: str, tag: str, pos: str, transitive: bool, kind: str,
@@ -386,57 +274,6 @@ class TreeGenerator:
         self._stage_cache[key] = res
         return res
 
-    def _skip_reason(self, doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int]]) -> str | None:
-        """Why a tree-POS token gets no negative before any candidate is looked for, or None."""
-        lower = tok.lower_
-        if tok.pos_ == "PROPN":
-            return "proper noun"
-        if lower in _COPULA:
-            return "copula"
-        if tok.i in units and units[tok.i][1] - units[tok.i][0] > 1:
-            a, b = units[tok.i]
-            if any(doc[k].text == "-" for k in range(a, b)):
-                return f"part of hyphenated word {doc[a:b].text!r}"
-            if tok.i != b - 1:
-                return f"modifier inside compound {doc[a:b].text!r}"
-        if tok.i in fixed:
-            return f"fixed phrase {fixed[tok.i]!r}"
-        if tok.pos_ == "ADP":
-            if lower == "of":
-                return "'of' is never replaced"
-            if tok.dep_ == "prt":
-                return "particle of a phrasal verb"
-            if lower not in ADP_REPLACED:
-                return "no preposition contrast that keeps the grammar"
-            if not any(c.dep_ in ("pobj", "pcomp") for c in tok.children):
-                return "preposition without an object"
-            if lower == "with" and tok.head.pos_ not in ("NOUN", "PROPN", "PRON"):
-                return "'with' governed by a verb"
-            head = tok.head
-            # (a curated list: WordNet's verb lemmas are too broad, "stand_in" = substitute)
-            if head.pos_ == "VERB" and head.i == tok.i - 1 and (_verb_lemma(head.lower_), lower) in PHRASAL_VERBS:
-                return f"phrasal verb {head.text + ' ' + tok.text!r}"
-            objs = [c for c in tok.children if c.dep_ == "pobj"]
-            if objs and lower in ("on", "in") and objs[0].lower_ in NO_NEAR_OBJECTS:
-                return f"no false contrast for {tok.text + ' ' + objs[0].text!r}"
-            if objs and objs[0].lower_ in IDIOM_OBJECTS and not any(c.dep_ in ("det", "poss") for c in objs[0].children):
-                return f"idiom {tok.text + ' ' + objs[0].text!r}"
-        if tok.pos_ == "ADJ" and lower in NON_VISUAL_ADJ:
-            return "determiner-like adjective"
-        if tok.pos_ == "NOUN" and tok.dep_ == "compound" and tok.head.i > tok.i:
-            return f"noun modifier of {tok.head.text!r}"
-        if tok.pos_ == "VERB":
-            if any(c.dep_ == "prt" for c in tok.children):
-                return "verb of a phrasal verb"
-            nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
-            if nxt is not None and nxt.pos_ == "ADP" and (_verb_lemma(lower), nxt.lower_) in PHRASAL_VERBS:
-                return f"phrasal verb {tok.text + ' ' + nxt.text!r}"
-            if tok.tag_ == "VB" and tok.i > 0 and doc[tok.i - 1].lower_ == "to":
-                return "infinitive (no subject to contrast)"
-        if tok.pos_ == "NOUN" and lower in QUANTITY_NOUNS and any(c.lower_ == "of" for c in tok.children):
-            return "head of a quantity phrase"
-        return None
-
     def _replace(self, doc, i: int, caption: str, seed: int, render: Callable[[str], str],
                  positives: set[str], span: tuple[int, int]) -> tuple[str, str, str] | str:
         """(negative text, replacement word, stage) for token i (or its unit), or the reason
@@ -461,10 +298,10 @@ class TreeGenerator:
             objs = [c for c in tok.children if c.dep_ == "pobj"]
             kind = wnmod.object_kind(wn, wnmod.base_form(wn, objs[0].lower_, "NOUN")) if objs and wn else "thing"
         adjectival = pos == "VERB" and tag in ("VBN", "VBD") and tok.dep_ == "amod"
-        animate = self._animate_subject(tok) if pos == "VERB" else True
-        person = pos != "VERB" or self._animate_subject(tok, people_only=True)
+        animate = parse.animate_subject(self.wn_, tok) if pos == "VERB" else True
+        person = pos != "VERB" or parse.animate_subject(self.wn_, tok, people_only=True)
         if pos == "ADJ":
-            animate = self._animate_noun(tok.head) if tok.head is not tok else True
+            animate = parse.animate_noun(self.wn_, tok.head) if tok.head is not tok else True
         h = _hash_int(seed, caption, i)
         n_seen = 0
         # a word the level already has makes a muddled negative ("a stove and stove"); a domain
@@ -476,7 +313,7 @@ class TreeGenerator:
             if not (domain and k_stage == 0):
                 words = tuple(w for w in words if w not in seen and not (
                     pos == "ADJ" and (w in ANIMATE_ADJ if not animate
-                                      else w in INANIMATE_ADJ and self._head_is_animate(tok))))
+                                      else w in INANIMATE_ADJ and parse.head_is_animate(self.wn_, tok))))
             if stage == "mlm":
                 if self.mlm is None:
                     continue
@@ -493,65 +330,14 @@ class TreeGenerator:
                     return text, word, stage
         return "every candidate is a positive" if n_seen else "no candidate (after the frequency and WordNet filters)"
 
-    def _animate_subject(self, verb, people_only: bool = False) -> bool:
-        """Whether the verb's subject (nsubj, or the noun an acl/relcl verb modifies) is a person
-        or an animal (only a person with people_only), or a personal pronoun; True when unknown."""
-        subj = [c for c in verb.children if c.dep_ in ("nsubj", "nsubjpass")]
-        noun = subj[0] if subj else verb.head if verb.dep_ in ("acl", "relcl", "advcl") else None
-        return True if noun is None else self._animate_noun(noun, people_only)
-
-    def _head_is_animate(self, adj) -> bool:
-        """An adjective's noun is known to be a person or animal (not merely unknown)."""
-        head = adj.head
-        if head is adj or head.pos_ not in ("NOUN", "PROPN") or self.wn_ is None:
-            return False
-        sense = wnmod.most_frequent_sense(self.wn_, wnmod.base_form(self.wn_, head.lower_, "NOUN"), "NOUN")
-        return sense is not None and sense.lexname() in ("noun.person", "noun.animal")
-
-    def _animate_noun(self, noun, people_only: bool = False) -> bool:
-        if self.wn_ is None:
-            return True
-        if noun.pos_ == "PRON":
-            return noun.lower_ in ("he", "she", "they", "i", "we", "you", "who", "someone", "somebody", "everyone")
-        if noun.pos_ not in ("NOUN", "PROPN"):
-            return True
-        sense = wnmod.most_frequent_sense(self.wn_, wnmod.base_form(self.wn_, noun.lower_, "NOUN"), "NOUN")
-        kinds = ("noun.person",) if people_only else ("noun.person", "noun.animal")
-        return sense is None or sense.lexname() in kinds
-
     # -- trees --
-
-    def _chunks(self, doc, units: dict[int, tuple[int, int]]) -> list[tuple[int, int]]:
-        """Noun chunks as token spans, less bare pronouns, never cutting a unit or a compound,
-        with quantity phrases whole ("a couple of dogs", not "a couple")."""
-        spans = []
-        for c in doc.noun_chunks:
-            if len(c) == 1 and c.root.pos_ == "PRON":
-                continue
-            s, e = c.start, c.end
-            s = min([s] + [units[k][0] for k in range(s, e) if k in units])
-            e = max([e] + [units[k][1] for k in range(s, e) if k in units])
-            while e < len(doc) and doc[e - 1].dep_ == "compound" and doc[e - 1].head.i >= e:
-                e = doc[e - 1].head.i + 1
-            spans.append((s, e))
-        merged: list[tuple[int, int]] = []
-        for s, e in spans:
-            prev = merged[-1] if merged else None
-            if (prev is not None and prev[1] + 1 == s and doc[prev[1]].lower_ == "of"
-                    and doc[prev[1] - 1].lower_ in QUANTITY_NOUNS and doc[prev[1] - 1].pos_ == "NOUN"):
-                merged[-1] = (prev[0], e)
-            elif prev is not None and s < prev[1]:
-                merged[-1] = (prev[0], max(e, prev[1]))
-            else:
-                merged.append((s, e))
-        return merged
 
     def _levels(self, doc, caption: str, lead: int, units) -> list[list[tuple[int, int]]]:
         """Levels as lists of character pieces of `caption`, joined by " and " when several."""
         def chars(s: int, e: int) -> tuple[int, int]:
             return lead + doc[s].idx, lead + doc[e - 1].idx + len(doc[e - 1].text)
 
-        chunks = [chars(s, e) for s, e in self._chunks(doc, units)]
+        chunks = [chars(s, e) for s, e in parse.noun_phrases(doc, units)]
         levels: list[list[tuple[int, int]]] = []
         if chunks:
             levels.append([chunks[0]])
@@ -562,9 +348,9 @@ class TreeGenerator:
         return levels
 
     def _build(self, doc, caption: str, seed: int) -> list[dict]:
-        self._retag(doc)
-        units = self._units(doc)
-        fixed = self._fixed(doc)
+        parse.retag(doc, self.overrides_, self.wn_)
+        units = parse.word_units(doc, self.wn_)
+        fixed = parse.fixed_phrases(doc)
         lead = len(caption) - len(caption.lstrip())
         pieces_per_level = self._levels(doc, caption, lead, units)
         texts = [" and ".join(caption[a:b] for a, b in pieces) for pieces in pieces_per_level]
@@ -591,7 +377,7 @@ class TreeGenerator:
                         continue
                     if tok.pos_ == "PROPN" and "NOUN" not in self.pos_:
                         continue
-                    why = self._skip_reason(doc, tok, fixed, units)
+                    why = parse.skip_reason(doc, tok, fixed, units)
                     if why is not None:
                         level["missed"].append([tok.text, tok.pos_])
                         level["missed_reason"].append(why)
@@ -705,9 +491,9 @@ class TreeGenerator:
         text, _ = normalize_caption(caption)
         lead = len(text) - len(text.lstrip())
         doc = self.nlp_(text.strip())
-        self._retag(doc)
-        units, fixed = self._units(doc), self._fixed(doc)
-        cands = [t for t in doc if t.pos_ in self.pos_ and t.is_alpha and self._skip_reason(doc, t, fixed, units) is None]
+        parse.retag(doc, self.overrides_, self.wn_)
+        units, fixed = parse.word_units(doc, self.wn_), parse.fixed_phrases(doc)
+        cands = [t for t in doc if t.pos_ in self.pos_ and t.is_alpha and parse.skip_reason(doc, t, fixed, units) is None]
         cands.sort(key=lambda t: _hash_int("random_negative", s, caption, t.i))
         for tok in cands:
             u0, u1 = units.get(tok.i, (tok.i, tok.i + 1))
@@ -723,42 +509,7 @@ class TreeGenerator:
         return None
 
 
-# Objects that make an idiom with a bare preposition ("standing in line", "in half", "on display").
-IDIOM_OBJECTS = frozenset({"line", "place", "half", "order", "charge", "public", "use", "action", "progress",
-                           "display", "fire", "time", "bed", "hand", "top", "front", "sale", "board", "duty",
-                           "view", "case", "fact", "general", "particular", "addition", "pairs", "groups"})
-# Verb + preposition pairs WordNet lacks as lemmas but that are one verb ("holding onto a bag").
-PHRASAL_VERBS = frozenset({("hold", "onto"), ("hang", "onto"), ("hold", "on"), ("lean", "on"), ("rely", "on"),
-                           ("look", "into"), ("look", "after"), ("get", "on"), ("get", "off"), ("take", "off"),
-                           ("put", "on"), ("line", "up"), ("dress", "up"), ("pick", "up"), ("set", "up"),
-                           ("depend", "on"), ("focus", "on"), ("wait", "for"), ("look", "for"), ("reach", "for"),
-                           ("cling", "to"), ("hold", "up"), ("stare", "at"), ("gaze", "at")})
-_OVERRIDE_TAGS = frozenset({"NOUN", "ADJ", "ADP", "VERB", "ADV", "DET", "NUM", "PROPN", "PRON", "CCONJ", "X"})
-_PHRASE = re.compile(r"^[a-z]+( [a-z]+)?$")
-
-
-def _tag_for(pos: str, tag: str) -> str:
-    """A Penn tag for a forced coarse POS, keeping the original's number or verb form."""
-    if pos == "NOUN":
-        return "NNS" if tag in ("NNS", "NNPS") else "NN"
-    if pos == "VERB":
-        return tag if tag.startswith("VB") else "VB"
-    return {"ADJ": "JJ", "ADP": "IN", "ADV": "RB", "DET": "DT", "NUM": "CD", "PROPN": "NNP", "PRON": "PRP",
-            "CCONJ": "CC"}.get(pos, "XX")
-
-
-def _verb_lemma(word: str) -> str:
-    from lemminflect import getLemma
-
-    got = getLemma(word, "VERB")
-    return got[0] if got else word
-
-
-def _crude_base(lower: str, tag: str) -> str:
-    """Base form without WordNet (curated-table lookups only): drop a plural -s."""
-    if tag == "NNS" and lower.endswith("s") and not lower.endswith("ss"):
-        return lower[:-1]
-    return lower
+_PHRASE = re.compile(r"^[a-z]+( [a-z]+)?$")  # a replacement: one or two lowercase words
 
 
 # --- module-level API --------------------------------------------------------------------------

@@ -350,10 +350,7 @@ def _report(name: str, r: dict) -> Report:
         rep.heading(f"Composition (alpha = {COMPOSITION_ALPHA})")
         rep.table(["pair", "base", "first only", "second only", "blend"],
                   [[p, v["base"], v[p.split("+")[0]], v[p.split("+")[1]], v["blend"]] for p, v in r["composition"].items()])
-    rep.heading("Timings")
-    rep.table(["stage", "seconds", "cached"],
-              [[k, v["seconds"], v["cached"]] for k, v in r["timings"].items() if isinstance(v, dict)]
-              + [["total", r["timings"]["total_seconds"], ""]])
+    rep.timings(r["timings"])
     return rep
 
 

@@ -463,8 +463,5 @@ def _report(cfg: ControlEmbedShapesRecipe, r: dict, quick: bool) -> Report:
     rep.table(["taxonomy", "paraphrase", "base", "trained name", "paraphrase mAP"],
               [[c, v["text"], v["base"], v["trained_name"], v["paraphrase"]] for c, v in r["generalisation"]["paraphrase"].items()])
     rep.figure("figures/samples.png", "Test images with their attributes")
-    rep.heading("Timings")
-    rep.table(["stage", "seconds", "cached"],
-              [[k, v["seconds"], v["cached"]] for k, v in r["timings"].items() if isinstance(v, dict)]
-              + [["total", r["timings"]["total_seconds"], ""]])
+    rep.timings(r["timings"])
     return rep

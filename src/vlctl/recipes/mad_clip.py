@@ -324,8 +324,5 @@ def _report(cfg: MadClipRecipe, r: dict, quick: bool) -> Report:
     rep.text(f"Mean cosine of each test image with its own caption: {r['positive_cosine_mean']:.3f}.")
     rep.figure("figures/positive_cosine.png", "Histogram of positive-pair cosine similarities")
     rep.figure("figures/samples.png", "Test images and their captions")
-    rep.heading("Timings")
-    rep.table(["stage", "seconds", "cached"],
-              [[k, v["seconds"], v["cached"]] for k, v in r["timings"].items() if isinstance(v, dict)]
-              + [["total", r["timings"]["total_seconds"], ""]])
+    rep.timings(r["timings"])
     return rep

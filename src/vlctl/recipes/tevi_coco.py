@@ -516,8 +516,5 @@ def _report(cfg: TeviCocoRecipe, r: dict) -> Report:
     rep.table(["K", "expansion", "latents", "FVU", "dead", "seconds"],
               [[w["k"], w["expansion"], w["n_latents"], w["fvu"], w["dead_latents"], w["seconds"]]
                for w in r["sae_sweep"]], digits=3)
-    rep.heading("Timings")
-    rep.table(["stage", "seconds", "cached"],
-              [[k, v["seconds"], v["cached"]] for k, v in r["timings"].items() if isinstance(v, dict)]
-              + [["total", r["timings"]["total_seconds"], ""]])
+    rep.timings(r["timings"])
     return rep

@@ -574,8 +574,5 @@ def _report(cfg: ThreeVLCocoRecipe, r: dict) -> Report:
               + [["items", *[r["n_items_by_pos"][t] for t in POS_TAGS]]])
     rep.text(f"Paper: 3VL cuts VERB failures by {PAPER['pos_failure_reduction_vs_base']['VERB']}% and ADP by "
              f"{PAPER['pos_failure_reduction_vs_base']['ADP']}% against CLIP.")
-    rep.heading("Timings")
-    rep.table(["stage", "seconds", "cached"],
-              [[k, v["seconds"], v["cached"]] for k, v in r["timings"].items() if isinstance(v, dict)]
-              + [["total", r["timings"]["total_seconds"], ""]])
+    rep.timings(r["timings"])
     return rep

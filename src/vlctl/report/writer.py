@@ -46,6 +46,13 @@ class Report:
     def table(self, headers: Sequence[str], rows: Sequence[Sequence[Any]], digits: int = 1) -> None:
         self.blocks.append(("table", ([str(h) for h in headers], [[fmt(c, digits) for c in r] for r in rows])))
 
+    def timings(self, timings: dict, heading: str = "Timings") -> None:
+        """The stage table of a recipe's `results["timings"]`: {stage: {seconds, cached}, total_seconds}."""
+        self.heading(heading)
+        self.table(["stage", "seconds", "cached"],
+                   [[k, v["seconds"], v["cached"]] for k, v in timings.items() if isinstance(v, dict)]
+                   + [["total", timings["total_seconds"], ""]])
+
     def figure(self, path: str, caption: str) -> None:
         """`path` relative to the report's directory (e.g. figures/x.png)."""
         self.blocks.append(("figure", (path, caption)))
