@@ -11,9 +11,12 @@ import argparse
 import dataclasses
 import os
 import sys
+from pathlib import Path
 
 from vlctl.config import add_config_args, config_from_args
 from vlctl.io import VlctlError
+
+DEMO_DIR = "runs/demo"  # where `make demo` writes
 
 
 def serve_args(p: argparse.ArgumentParser) -> None:
@@ -24,8 +27,8 @@ def serve_args(p: argparse.ArgumentParser) -> None:
                    help="store directory (vlctl embed / vlctl index); or --demo")
     p.add_argument("--demo", action="store_true", help="serve what `make demo` left in --demo-dir: the shapes store "
                    "with ControlEmbed, MAD with TEVI, the scenes with the base and tree-tuned models, the reports")
-    p.add_argument("--demo-dir", default="runs/demo", type=in_path("demo directory", "dir"),
-                   help="the demo's output directory (default: runs/demo; read only)")
+    p.add_argument("--demo-dir", default=None, type=in_path("demo directory", "dir"),
+                   help=f"the demo's output directory (default: {DEMO_DIR}; read only)")
     p.add_argument("--controlembed", default=None, type=in_path("ControlEmbed model directory", "dir"),
                    help="a ControlEmbed model fitted on the store's encoder: the Steer and Clusters tabs")
     p.add_argument("--tevi", default=None, type=in_path("TEVI directory", "dir"),
@@ -48,11 +51,19 @@ def build_state(args: argparse.Namespace):
 
     if args.demo == (args.store is not None):
         raise VlctlError("serve: give a STORE directory or --demo (one of them)")
+    if args.demo_dir is not None and not args.demo:
+        raise VlctlError("serve: --demo-dir goes with --demo")
     if args.demo:
         if any(getattr(args, f) is not None for f in ("controlembed", "tevi", "encoder", "data", "tuned", "reports")):
             raise VlctlError("serve --demo: the demo brings its own models; --controlembed, --tevi, --encoder, --data, "
                              "--tuned and --reports go with a STORE")
-        return demo_state(args.demo_dir)
+        demo_dir = args.demo_dir
+        if demo_dir is None:  # the default is checked here, not by the parser: it only matters with --demo
+            demo_dir = Path(DEMO_DIR)
+            if not demo_dir.is_dir():
+                raise VlctlError(f"--demo-dir: {DEMO_DIR}: demo directory not found (run `make demo` first, "
+                                 "or name the directory it wrote)")
+        return demo_state(demo_dir)
     return state_for_store(args.store, controlembed=args.controlembed, tevi=args.tevi, encoder=args.encoder,
                            data=args.data, tuned=args.tuned, reports=args.reports)
 
