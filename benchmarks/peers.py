@@ -185,6 +185,18 @@ class Trainer:
     def after_step(self):
         pass
 
+    # The peers whose model maps x to x_hat and has an `encode` (sae-lens, dictionary-learning).
+    def forward(self, x):
+        return self.model(x)
+
+    @torch.no_grad()
+    def codes(self, x):
+        return self.model.encode(x)
+
+    @torch.no_grad()
+    def reconstruct(self, x):
+        return self.model(x)
+
 
 class VlctlTrainer(Trainer):
     """vlctl's TopK SAE trained exactly as SparseAutoencoder.fit does: geometric-median b_pre,
@@ -250,17 +262,6 @@ class SaeLensTrainer(Trainer):
         model = TopKTrainingSAE(TopKTrainingSAEConfig(d_in=d, d_sae=d1, k=k, dtype="float32", device="cpu"))
         super().__init__(model, model.parameters(), lr, total_steps)
 
-    def forward(self, x):
-        return self.model(x)
-
-    @torch.no_grad()
-    def codes(self, x):
-        return self.model.encode(x)
-
-    @torch.no_grad()
-    def reconstruct(self, x):
-        return self.model(x)
-
 
 class DictionaryLearningTrainer(Trainer):
     name = "dictionary-learning 0.1.0"
@@ -271,17 +272,6 @@ class DictionaryLearningTrainer(Trainer):
         torch.manual_seed(seed)
         model = AutoEncoderTopK(d, d1, k)
         super().__init__(model, model.parameters(), lr, total_steps)
-
-    def forward(self, x):
-        return self.model(x)
-
-    @torch.no_grad()
-    def codes(self, x):
-        return self.model.encode(x)
-
-    @torch.no_grad()
-    def reconstruct(self, x):
-        return self.model(x)
 
 
 class SaevTrainer(Trainer):

@@ -8,8 +8,8 @@ from vlctl import progress
 def test_nested_heartbeats_print_only_the_innermost(capsys):
     with progress.heartbeat("recipe", every=0.1):
         with progress.heartbeat("stage data", every=0.1):
-            time.sleep(0.6)
-        time.sleep(0.4)
+            time.sleep(1.0)
+        time.sleep(1.0)  # several wake-ups (at least 0.2 s apart) in each window, even on a busy machine
     lines = capsys.readouterr().err.splitlines()
     inner = [i for i, line in enumerate(lines) if line.startswith("[vlctl] stage data: running")]
     outer = [i for i, line in enumerate(lines) if line.startswith("[vlctl] recipe: running")]

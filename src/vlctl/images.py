@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import IO
 
 from vlctl.io import VlctlError
 
@@ -21,29 +22,38 @@ class ImageDecodeError(VlctlError):
 
 
 
-def read_image(path: str | os.PathLike, max_pixels: int = DEFAULT_MAX_PIXELS):
-    """Open and fully decode an image as RGB PIL image, or raise ImageDecodeError.
+class ImageTooLargeError(ImageDecodeError):
+    """The image has more pixels than the limit (or PIL refused it as a decompression bomb)."""
+
+
+def read_image(path: str | os.PathLike | IO[bytes], max_pixels: int = DEFAULT_MAX_PIXELS, *,
+               name: str | None = None, formats: list[str] | None = None):
+    """Open and fully decode an image as RGB PIL image, or raise ImageDecodeError
+    (ImageTooLargeError for one over `max_pixels`).
 
     The pixel count is checked from the header, before decoding, so a decompression bomb never
     allocates its pixels. Truncated files are errors (PIL's LOAD_TRUNCATED_IMAGES is not used).
+    `path` may be a binary file object, which messages call `name`; `formats` limits the decoders
+    PIL tries (e.g. to the format sniffed from the bytes).
     """
     from PIL import Image, UnidentifiedImageError
 
+    name = path if name is None else name
     try:
         with warnings.catch_warnings():
             # PIL warns above MAX_IMAGE_PIXELS and raises above twice that; our own limit decides.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
+            with Image.open(path, formats=formats) as im:
                 w, h = im.size
                 if w * h > max_pixels:
-                    raise ImageDecodeError(
-                        f"{path}: {w} x {h} = {w * h} pixels exceeds the limit of {max_pixels} "
+                    raise ImageTooLargeError(
+                        f"{name}: {w} x {h} = {w * h} pixels exceeds the limit of {max_pixels} "
                         "(possible decompression bomb; refused)"
                     )
                 return im.convert("RGB")
     except ImageDecodeError:
         raise
     except Image.DecompressionBombError as e:
-        raise ImageDecodeError(f"{path}: refused as a decompression bomb ({e})") from None
+        raise ImageTooLargeError(f"{name}: refused as a decompression bomb ({e})") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError) as e:
-        raise ImageDecodeError(f"{path}: cannot decode image ({type(e).__name__}: {e})") from None
+        raise ImageDecodeError(f"{name}: cannot decode image ({type(e).__name__}: {e})") from None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import io
-import warnings
 
 import numpy as np
 
@@ -46,25 +45,18 @@ def sniff(data: bytes) -> str | None:
 
 def decode_upload(data: bytes, max_pixels: int) -> np.ndarray:
     """Upload bytes -> uint8 RGB (H, W, 3); UploadError (415, 413 or 400) with one clear message."""
-    from PIL import Image
+    from vlctl.images import ImageDecodeError, ImageTooLargeError, read_image
 
     fmt = sniff(data)
     if fmt is None:
         raise UploadError("upload: not an image (its bytes are none of PNG, JPEG, GIF, BMP, WEBP)", 415)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data), formats=[fmt]) as im:
-                w, h = im.size
-                if w * h > max_pixels:
-                    raise UploadError(f"upload: {w} x {h} = {w * h} pixels exceeds the limit of {max_pixels}", 413)
-                rgb = np.asarray(im.convert("RGB"), dtype=np.uint8)
-    except UploadError:
-        raise
-    except Image.DecompressionBombError:
-        raise UploadError(f"upload: refused as a decompression bomb (over {max_pixels} pixels)", 413) from None
-    except Exception as e:  # noqa: BLE001 -- PIL raises many types for a corrupt file: all mean "cannot decode"
-        raise UploadError(f"upload: cannot decode the {fmt} image ({type(e).__name__})", 400) from None
+    try:  # the one image reader: its pixel limit (from the header) and its decode errors
+        rgb = np.asarray(read_image(io.BytesIO(data), max_pixels, name=f"upload ({fmt})", formats=[fmt]),
+                         dtype=np.uint8)
+    except ImageTooLargeError as e:
+        raise UploadError(str(e), 413) from None
+    except ImageDecodeError as e:
+        raise UploadError(str(e), 400) from None
     if min(rgb.shape[:2]) < 1:
         raise UploadError("upload: the image has no pixels", 400)
     return rgb
