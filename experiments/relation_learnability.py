@@ -55,6 +55,8 @@ def main() -> None:
     ap.add_argument("--mode", choices=MODES, default="relation_only")
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--model", default="scenes-quick")
+    ap.add_argument("--vision-pos-init", choices=("normal", "sincos2d"), default="normal",
+                    help="the ViT's initial positional embedding (TinyCLIPConfig.vision_pos_init)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
@@ -65,7 +67,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
 
     train, test = load_scenes(args.data / "train"), load_scenes(args.data / "test")
-    model = tiny_clip.create_model(args.model, seed=args.seed)
+    model = tiny_clip.create_model(args.model, seed=args.seed, vision_pos_init=args.vision_pos_init)
     x = tiny_clip.preprocess_batch(np.asarray(train["images"]))
     pos = model.tokenize([lab["caption"] for lab in train["labels"]])
     neg = model.tokenize([swapped(lab) for lab in train["labels"]])

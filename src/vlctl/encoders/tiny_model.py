@@ -224,6 +224,23 @@ class ChannelsLastStem(nn.Sequential):
         return super().forward(x.contiguous(memory_format=torch.channels_last)) if len(self) else x
 
 
+def sincos_2d(side: int, width: int) -> torch.Tensor:
+    """(side * side, width) 2D sin-cos position table, row-major like the flattened patch grid: the
+    first width/2 channels encode the row, the rest the column, each as sin and cos of
+    pos / 10000^(i / (width/4)) (MAE's `get_2d_sincos_pos_embed`)."""
+    if width % 4:
+        raise VlctlError(f"sincos2d positions need a vision_width divisible by 4, got {width}")
+    omega = 1.0 / 10000 ** (torch.arange(width // 4, dtype=torch.float64) / (width // 4))
+    grid = torch.arange(side, dtype=torch.float64)
+    rows, cols = torch.meshgrid(grid, grid, indexing="ij")
+
+    def encode(pos: torch.Tensor) -> torch.Tensor:
+        angle = pos.reshape(-1, 1) * omega
+        return torch.cat([angle.sin(), angle.cos()], dim=1)
+
+    return torch.cat([encode(rows), encode(cols)], dim=1).float()
+
+
 class VisionTransformer(nn.Module):
     def __init__(self, cfg: TinyCLIPConfig):
         super().__init__()
@@ -240,6 +257,10 @@ class VisionTransformer(nn.Module):
         self.conv1 = nn.Conv2d(c_in, w, kernel_size=cfg.patch_size, stride=cfg.patch_size, bias=False)
         self.class_embedding = nn.Parameter(torch.randn(w) * w**-0.5)
         self.positional_embedding = nn.Parameter(torch.randn(cfg.n_patches + 1, w) * 0.01)
+        if cfg.vision_pos_init == "sincos2d":  # drawn above all the same, so the other weights' init is unchanged
+            with torch.no_grad():
+                self.positional_embedding[0].zero_()
+                self.positional_embedding[1:] = sincos_2d(math.isqrt(cfg.n_patches), w)
         self.ln_pre = nn.LayerNorm(w)
         self.blocks = nn.ModuleList(Block(w, cfg.vision_heads) for _ in range(cfg.vision_layers))
         self.ln_post = nn.LayerNorm(w)
