@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 
 from vlctl.data.scenes import CHECKLIST_CATEGORIES, OPPOSITE_RELATION, load_checklist, load_scenes, render_caption
 from vlctl.encoders import tiny_clip
+from vlctl.encoders.tiny_model import sincos_2d
 from vlctl.eval.checklist import checklist_accuracy, checklist_scores
 from vlctl.io import atomic_write_json
 from vlctl.methods.tree_tune import negclip_loss, trim_padding
@@ -56,7 +58,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--model", default="scenes-quick")
     ap.add_argument("--vision-pos-init", choices=("normal", "sincos2d"), default="normal",
-                    help="the ViT's initial positional embedding (TinyCLIPConfig.vision_pos_init)")
+                    help="the ViT's initial positional embedding: CLIP's N(0, 0.01^2) or MAE's 2D sin-cos table")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
@@ -67,7 +69,12 @@ def main() -> None:
     torch.manual_seed(args.seed)
 
     train, test = load_scenes(args.data / "train"), load_scenes(args.data / "test")
-    model = tiny_clip.create_model(args.model, seed=args.seed, vision_pos_init=args.vision_pos_init)
+    model = tiny_clip.create_model(args.model, seed=args.seed)
+    if args.vision_pos_init == "sincos2d":  # overwrite after the draws: every other weight's init is unchanged
+        pos = model.visual.positional_embedding
+        with torch.no_grad():
+            pos[0].zero_()
+            pos[1:] = sincos_2d(math.isqrt(pos.shape[0] - 1), pos.shape[1])
     x = tiny_clip.preprocess_batch(np.asarray(train["images"]))
     pos = model.tokenize([lab["caption"] for lab in train["labels"]])
     neg = model.tokenize([swapped(lab) for lab in train["labels"]])

@@ -527,7 +527,7 @@ def test_clip_loss_under_ddp_uses_the_global_batch(tmp_path):
         torch.testing.assert_close(got["grad"], lin.weight.grad)
 
 
-def test_sincos2d_positions_encode_row_and_column_and_keep_other_weights():
+def test_sincos2d_positions_encode_row_and_column():
     from vlctl.encoders.tiny_model import sincos_2d
 
     table = sincos_2d(3, 8)  # 9 tokens, row-major; channels 0-3 encode the row, 4-7 the column
@@ -536,13 +536,5 @@ def test_sincos2d_positions_encode_row_and_column_and_keep_other_weights():
     for token, (r, c) in enumerate((r, c) for r in range(3) for c in range(3)):
         expect = np.concatenate([np.sin(r * omega), np.cos(r * omega), np.sin(c * omega), np.cos(c * omega)])
         np.testing.assert_allclose(table[token].numpy(), expect, atol=1e-6)
-    plain = create_model("scenes-quick", seed=3)
-    sincos = create_model("scenes-quick", seed=3, vision_pos_init="sincos2d")
-    pos = sincos.visual.positional_embedding.detach()
-    assert torch.equal(pos[0], torch.zeros_like(pos[0]))
-    assert torch.allclose(pos[1:], sincos_2d(8, 64))
-    for (name, a), (_, b) in zip(plain.state_dict().items(), sincos.state_dict().items()):
-        if name != "visual.positional_embedding":  # the same draws for every other weight
-            assert torch.equal(a, b), name
     with pytest.raises(VlctlError, match="divisible by 4"):
         sincos_2d(2, 6)

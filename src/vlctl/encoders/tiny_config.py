@@ -47,12 +47,6 @@ class TinyCLIPConfig:
         ge=1, le=65536,
     )
     vision_width: int = opt(96, "ViT width (token dimension)", ge=1, le=65536)
-    vision_pos_init: str = opt(
-        "normal",
-        "initial ViT positional embedding (trained either way): 'normal' = N(0, 0.01^2) as in CLIP; 'sincos2d' = "
-        "the 2D sin-cos table of MAE (He et al. 2022), so every token knows its row and column from step 0",
-        choices=("normal", "sincos2d"),
-    )
     vision_layers: int = opt(4, "number of ViT transformer blocks", ge=1, le=1024)
     vision_heads: int = opt(4, "ViT attention heads; must divide vision_width", ge=1, le=1024)
     text_tower: str = opt(

@@ -257,10 +257,6 @@ class VisionTransformer(nn.Module):
         self.conv1 = nn.Conv2d(c_in, w, kernel_size=cfg.patch_size, stride=cfg.patch_size, bias=False)
         self.class_embedding = nn.Parameter(torch.randn(w) * w**-0.5)
         self.positional_embedding = nn.Parameter(torch.randn(cfg.n_patches + 1, w) * 0.01)
-        if cfg.vision_pos_init == "sincos2d":  # drawn above all the same, so the other weights' init is unchanged
-            with torch.no_grad():
-                self.positional_embedding[0].zero_()
-                self.positional_embedding[1:] = sincos_2d(math.isqrt(cfg.n_patches), w)
         self.ln_pre = nn.LayerNorm(w)
         self.blocks = nn.ModuleList(Block(w, cfg.vision_heads) for _ in range(cfg.vision_layers))
         self.ln_post = nn.LayerNorm(w)
