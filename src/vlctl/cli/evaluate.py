@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
 import sys
 import typing
 from pathlib import Path
@@ -153,9 +155,16 @@ def reproduce(args: argparse.Namespace) -> dict:
     import time
 
     from vlctl.io import VlctlError
-    from vlctl.progress import heartbeat, say
+    from vlctl.progress import heartbeat
+    from vlctl.progress import say as _say
     from vlctl.recipes import DEMO, run_recipe
     from vlctl.recipes.real_data import REAL_RECIPES
+
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 alone speaks
+
+    def say(line: str) -> None:
+        if main_rank:
+            _say(line)
 
     names = list(DEMO) if args.name == "all" else [args.name]
     real = args.name in REAL_RECIPES
@@ -174,12 +183,12 @@ def reproduce(args: argparse.Namespace) -> dict:
     reports = {}
     for name in names:
         out = Path(args.out) / name if args.name == "all" else Path(args.out)
-        with heartbeat(name):  # between stages too: evaluation and the report
+        with heartbeat(name) if main_rank else contextlib.nullcontext():  # between stages too: the report
             reports[name] = str(run_recipe(name, out, quick=args.quick, force=args.force, stages=stages,
                                            from_scratch=args.from_scratch, **options))
         say(f"{name}: report at {reports[name]}")
     seconds = time.perf_counter() - t0
     say(f"done in {seconds / 60:.1f} min; reports:")
-    for name, path in reports.items():
+    for name, path in reports.items() if main_rank else ():
         print(f"  {name}: {path}", file=sys.stderr)
     return {"reports": reports, "seconds": round(seconds, 1)}

@@ -10,7 +10,8 @@ prompt ensembles of every category) -> fit (ONE hypernetwork over every category
 translation-only ablation, one adapter per attribute) -> evaluate -> report. Splits: Clevr-4 and
 Stanford 40 their own (`fit_split` / `eval_split`); ShotBench ships one test file, so its images
 are split in two by a seeded permutation (`eval_fraction`), the hypernetwork never sees the
-evaluation images.
+evaluation images. Under torchrun (`vlctl.recipes.runner`) the embedding stages shard the images
+over the ranks; rank 0 alone fits (one episode per step), evaluates and reports.
 
 Missing labels (ShotBench asks about one or a few categories per image): evaluation uses, per
 category, the evaluation images labelled for it; the fit uses the images labelled in every
@@ -40,8 +41,10 @@ from vlctl.recipes.real_common import (
     data_hash,
     embed_stage,
     estimate_line,
+    is_main_rank,
     is_random,
     load_embeddings,
+    rank_device,
     report_header,
 )
 from vlctl.recipes.real_data import LAYOUTS, Clevr4Data, ShotBenchData, Stanford40Data, flag, need_dir, need_file
@@ -207,6 +210,8 @@ def _fit(cfg: ControlEmbedRealRecipe, emb: dict, fit: Labelled, encoder_id: str,
         t0 = time.perf_counter()
         model = ControlEmbed(parameterisation=parameterisation, steps=steps, **common)
         model.fit(x, {c: y[c] for c in cs}, encoder_id=encoder_id, class_text_emb={c: text[c] for c in cs})
+        if not is_main_rank():  # under torchrun every rank fits (DDP); rank 0 writes
+            return
         model.save(work / name)
         atomic_write_json(work / name / "fit_time.json", {"seconds": time.perf_counter() - t0, "steps": steps})
 
@@ -222,7 +227,8 @@ def _fit(cfg: ControlEmbedRealRecipe, emb: dict, fit: Labelled, encoder_id: str,
     one("translation_only", cats, cfg.hyper_steps, "translation")
     for c in cats:
         one(f"per_attribute_{c}", [c], max(1, cfg.hyper_steps // len(cats)), cfg.parameterisation)
-    atomic_write_json(work / "fit.json", {"categories": cats, "dropped": dropped, "n_fit": len(rows)})
+    if is_main_rank():
+        atomic_write_json(work / "fit.json", {"categories": cats, "dropped": dropped, "n_fit": len(rows)})
 
 
 # --- evaluation ----------------------------------------------------------------------------------
@@ -357,7 +363,8 @@ def _report(name: str, r: dict) -> Report:
 def _run(name: str, out: Path, quick: bool, force: bool, stages, encoder: str | None, data, cfg, encoder_run,
          from_scratch: bool = False) -> Path:
     # No shipped checkpoints exist for the real recipes; from_scratch is passed on for the runner's contract.
-    runner = Runner(out, force=force, stages=stages, from_scratch=from_scratch)
+    runner = Runner(out, force=force, stages=stages, from_scratch=from_scratch,
+                    device=(encoder_run or EncoderRun()).device, torchrun=True)
     if not encoder:
         raise VlctlError(f"controlembed-{name}: --encoder SPEC is required (open_clip:..., hf:..., tiny:DIR)")
     cfg = cfg or load_preset(quick)
@@ -391,8 +398,13 @@ def _run(name: str, out: Path, quick: bool, force: bool, stages, encoder: str | 
     encoder_id = read_json(fit_stage / "encoder.json")["encoder_id"]
     hyper = ("parameterisation", "rank", "hidden", "hyper_steps", "hyper_lr", "images_per_subclass", "temperature",
              "align_weight")
+    # Under torchrun the ranks part after the embedding stages: ControlEmbed trains one episode
+    # (one category's images) per step, which the loop cannot split over ranks, and on frozen
+    # embeddings it is the cheap part; rank 0 fits, evaluates and reports alone.
+    if not runner.leave():
+        return out / "report.md"
     fit_dir = runner.stage("fit", {"embed": fit_stage.name, **{f: getattr(cfg, f) for f in hyper}},
-                           lambda w: _fit(cfg, fit_emb, fit, encoder_id, run_cfg.device, w))
+                           lambda w: _fit(cfg, fit_emb, fit, encoder_id, rank_device(run_cfg.device), w))
     t_eval = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # sklearn / k-means chatter on tiny fixtures

@@ -6,6 +6,11 @@ a hash of the data (the annotation files' sha256, the image root, the image list
 extraction settings that change the numbers (precision). The stage records the encoder's `id`
 (architecture + a hash of its weights); a rerun whose encoder has another id under the same key
 (a checkpoint file retrained in place) is refused, naming both ids, never silently reused.
+
+Under torchrun the embedding stage is sharded: rank r embeds images (and texts) r, r + N, ...
+(`vlctl.train.distributed.shard_rows`), writes its rows to a file in the stage's `.partial/`
+directory, and rank 0 puts them back in the single-process order and writes the stage; the
+result equals the one-process run (to float rounding of the batched forward pass, <= 1e-6).
 """
 
 from __future__ import annotations
@@ -44,10 +49,29 @@ def is_random(encoder_id: str) -> bool:
     return "/random-seed" in encoder_id
 
 
+def rank_device(device: str) -> str:
+    """`device` for this process: under torchrun, "cuda" means this rank's GPU (LOCAL_RANK)."""
+    if device == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return device
+
+
+def is_main_rank() -> bool:
+    """Rank 0 under torchrun (or the only process): the one that writes and prints."""
+    from vlctl.train.distributed import is_main
+
+    return is_main()
+
+
+def say_main(line: str) -> None:
+    if is_main_rank():
+        say(line)
+
+
 def load_encoder(spec: str, run: EncoderRun):
     from vlctl.encoders import create
 
-    return create(spec, device=run.device, precision=run.precision, batch_size=run.batch_size)
+    return create(spec, device=rank_device(run.device), precision=run.precision, batch_size=run.batch_size)
 
 
 class LazyEncoder:
@@ -61,7 +85,7 @@ class LazyEncoder:
         if self._enc is None:
             t0 = time.perf_counter()
             self._enc = load_encoder(self.spec, self.run)
-            say(f"encoder {self._enc.id} loaded in {time.perf_counter() - t0:.1f} s")
+            say_main(f"encoder {self._enc.id} loaded in {time.perf_counter() - t0:.1f} s")
         return self._enc
 
     @property
@@ -104,21 +128,27 @@ def _model_bytes(encoder: Any) -> int:
 def estimate_line(what: str, n: int, rate: float, bytes_resident: int, unit: str = "images") -> None:
     """The one line printed before a heavy stage: work, estimated time and memory."""
     eta = n / rate if rate > 0 else float("inf")
-    say(f"{what}: {n} {unit}, about {eta:.0f} s at {rate:.1f} {unit}/s (measured), "
+    say_main(f"{what}: {n} {unit}, about {eta:.0f} s at {rate:.1f} {unit}/s (measured), "
         f"about {bytes_resident / 2**30:.2f} GiB")
 
 
 def embed_files_and_texts(encoder: Any, paths: Sequence[Path], texts: Sequence[str], run: EncoderRun,
-                          what: str, probe: int = 16) -> tuple[np.ndarray, np.ndarray]:
-    """(image embeddings (n, d), text embeddings (m, d)), float32, unit norm; every image must decode.
+                          what: str, probe: int = 16, rank: int = 0, world_size: int = 1
+                          ) -> tuple[np.ndarray, np.ndarray, list]:
+    """(image embeddings, text embeddings, failures) of this rank's shard (`shard_rows`; all rows
+    in one process): float32, unit norm; failures are (path, reason) of images that did not decode.
 
     The first `probe` images are embedded first and timed; the estimate line for the whole stage
-    is printed from that rate, then the rest is embedded (the probe's rows are kept, not redone).
+    is printed from that rate (times the ranks), then the rest is embedded (the probe's rows are
+    kept, not redone).
     """
     from vlctl.embeddings.extract import ExtractConfig, embed_image_files, embed_text_list
+    from vlctl.train.distributed import shard_rows
 
     extract = ExtractConfig(batch_size=min(run.batch_size, 4096), workers=run.workers)
-    paths = [Path(p) for p in paths]
+    n_all, m_all = len(paths), len(texts)
+    paths = [Path(paths[i]) for i in shard_rows(n_all, rank, world_size)]
+    texts = [texts[i] for i in shard_rows(m_all, rank, world_size)]
     d = int(encoder.embed_dim)
     parts, failures = [], []
     k = min(probe, len(paths))
@@ -127,23 +157,57 @@ def embed_files_and_texts(encoder: Any, paths: Sequence[Path], texts: Sequence[s
         res = embed_image_files(encoder, paths[:k], extract, progress=False, precision=run.precision)
         parts.append(res.embeddings)
         failures += res.failures
-    rate = k / max(time.perf_counter() - t0, 1e-9)
-    peak = _peak_bytes(run.device) or _model_bytes(encoder)
+    rate = k / max(time.perf_counter() - t0, 1e-9) * world_size
+    peak = _peak_bytes(rank_device(run.device)) or _model_bytes(encoder)
     # Texts cost about a quarter of an image each (a text tower of a ViT-B CLIP; measured on CPU).
-    say(f"{what}: {len(paths)} images + {len(texts)} texts, about {(len(paths) - k + len(texts) / 4) / rate:.0f} s "
-        f"more at {rate:.1f} images/s (measured on the first {k}), about "
-        f"{(peak + (len(paths) + len(texts)) * d * 4) / 2**30:.2f} GiB")
+    if rank == 0:
+        ranks = f" over {world_size} ranks" if world_size > 1 else ""
+        say(f"{what}: {n_all} images + {m_all} texts{ranks}, about "
+            f"{(n_all - k * world_size + m_all / 4) / max(rate, 1e-9):.0f} s more at {rate:.1f} images/s (measured "
+            f"on the first {k}), about {(peak + (n_all + m_all) * d * 4) / 2**30:.2f} GiB")
     if len(paths) > k:
-        res = embed_image_files(encoder, paths[k:], extract, progress=True, precision=run.precision)
+        res = embed_image_files(encoder, paths[k:], extract, progress=rank == 0, precision=run.precision)
         parts.append(res.embeddings)
         failures += res.failures
-    if failures:
-        shown = "; ".join(f"{p}: {r}" for p, r in failures[:5])
-        raise VlctlError(f"{what}: {len(failures)} image(s) could not be read: {shown}")
     img = np.concatenate(parts) if parts else np.zeros((0, d), np.float32)
     txt = np.zeros((len(texts), d), np.float32)
     if texts:
-        embed_text_list(encoder, list(texts), txt, extract.batch_size, progress=True, precision=run.precision)
+        embed_text_list(encoder, list(texts), txt, extract.batch_size, progress=rank == 0, precision=run.precision)
+    return img, txt, [(str(p), r) for p, r in failures]
+
+
+def _raise_failures(what: str, failures: list) -> None:
+    if failures:
+        shown = "; ".join(f"{p}: {r}" for p, r in failures[:5])
+        raise VlctlError(f"{what}: {len(failures)} image(s) could not be read: {shown}")
+
+
+def embed_sharded(encoder: Any, paths: Sequence[Path], texts: Sequence[str], run: EncoderRun, what: str,
+                  work: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every rank embeds its shard; rank 0 returns (image_emb, text_emb) of all rows in the
+    single-process order, the other ranks None. The shards travel through files in `work` (the
+    stage's `.partial/`, the same path on every rank): pickling gigabytes through gloo would
+    double the memory. Any rank's unreadable image fails the stage on every rank."""
+    from vlctl.train.distributed import all_gather_object, rank_and_world, unshard
+
+    rank, world = rank_and_world()
+    img, txt, failures = embed_files_and_texts(encoder, paths, texts, run, what, rank=rank, world_size=world)
+    if world == 1:
+        _raise_failures(what, failures)
+        return img, txt
+    part = work / f".shard-rank{rank}.npz"
+    if not failures:
+        atomic_save_npz(part, image_emb=img, text_emb=txt)
+    every = [f for fs in all_gather_object(failures) for f in fs]
+    _raise_failures(what, sorted(every))
+    if rank != 0:
+        return None
+    shards = [dict(np.load(work / f".shard-rank{r}.npz")) for r in range(world)]
+    d = int(encoder.embed_dim)
+    img = unshard([s["image_emb"] for s in shards], len(paths)).astype(np.float32).reshape(len(paths), d)
+    txt = unshard([s["text_emb"] for s in shards], len(texts)).astype(np.float32).reshape(len(texts), d)
+    for r in range(world):
+        (work / f".shard-rank{r}.npz").unlink()
     return img, txt
 
 
@@ -154,12 +218,15 @@ def embed_stage(runner: Any, name: str, lazy: LazyEncoder, key: dict, paths: Seq
 
     def compute(work: Path) -> None:
         enc = lazy.get()
-        img, txt = embed_files_and_texts(enc, paths, texts, run, f"stage {name}")
+        got = embed_sharded(enc, paths, texts, run, f"stage {name}", work)
+        if got is None:  # a rank other than 0: its shard is in rank 0's hands
+            return
         more = extra() if callable(extra) else (extra or {})
-        atomic_save_npz(work / "embeddings.npz", image_emb=img, text_emb=txt, **more)
+        atomic_save_npz(work / "embeddings.npz", image_emb=got[0], text_emb=got[1], **more)
         atomic_write_json(work / "encoder.json", {"encoder_id": enc.id, "spec": lazy.canonical_spec})
 
-    stage = runner.stage(name, {"encoder": lazy.canonical_spec, "precision": run.precision, **key}, compute)
+    stage = runner.stage(name, {"encoder": lazy.canonical_spec, "precision": run.precision, **key}, compute,
+                         distributed=True)
     check_stage_encoder(stage, lazy.get().id)
     return stage
 

@@ -31,62 +31,138 @@ from vlctl.progress import heartbeat
 from vlctl.progress import say as _say
 from vlctl.recipes.shipped import SHIPPED, copy_shipped, shipped_manifest, stage_dir_name
 
+# How long a rank waits at a collective for the others (rank 0 may evaluate alone for hours).
+DIST_TIMEOUT_S = 24 * 3600.0
+
 
 class Runner:
     """Stages of one recipe run. Each stage says on stderr when it starts and ends, how long it
-    took, and whether it was reused from an earlier run or resumed from its checkpoint."""
+    took, and whether it was reused from an earlier run or resumed from its checkpoint.
+
+    Under torchrun (WORLD_SIZE > 1; `torchrun --nproc_per_node N -m vlctl reproduce NAME ...`)
+    every rank runs the recipe. The runner joins the process group (gloo on CPU, nccl on CUDA)
+    and keeps the ranks in step: rank 0 alone decides whether a stage is reused, shipped or
+    resumed, prepares its directory and tells the others; a `distributed=True` stage's function
+    runs on every rank (the embedding stages shard the images, the training stages run DDP
+    through `vlctl.train.loop`), any other stage's only on rank 0 while the others wait. Rank 0
+    alone writes (the stage functions write only where `is_main`), marks the stage done and
+    renames it, and only after every rank has reported its part finished: a rank that dies
+    mid-stage never joins that report, torchrun stops the rest, and the stage stays `.partial`.
+    After the last stage the recipe calls `leave()`: the ranks other than 0 stop there, and rank
+    0 evaluates, reports and prints as one process.
+    """
 
     def __init__(self, out: str | Path, force: bool = False, stages: str | Path | None = None,
-                 verbose: bool = True, from_scratch: bool = False, shipped: Path = SHIPPED):
+                 verbose: bool = True, from_scratch: bool = False, shipped: Path = SHIPPED,
+                 device: str | None = None, torchrun: bool = False):
+        """`torchrun`: the recipe is written for several ranks (the real recipes); any other
+        refuses to run under torchrun (the synthetic ones launch their own DDP training)."""
+        from vlctl.train.distributed import init_distributed
+
         self.out = Path(out)
         self.stages = Path(stages) if stages is not None else self.out / "stages"
         self.force = force
-        self.verbose = verbose
         self.shipped = None if (from_scratch or force) else Path(shipped)
         self.timings: dict[str, dict[str, Any]] = {}
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = 0
+        if self.world_size > 1 and not torchrun:
+            raise VlctlError(f"{self.out}: this recipe runs in one process (its training starts its own DDP "
+                             "processes); run it without torchrun")
+        if self.world_size > 1:
+            info = init_distributed("cuda" if (device or "cpu").startswith("cuda") else "cpu",
+                                    timeout_s=DIST_TIMEOUT_S)
+            self.rank = info.rank
+        self.is_main = self.rank == 0
+        self.verbose = verbose and self.is_main
 
-    def stage(self, name: str, key: dict, fn: Callable[..., Any], resumable: bool = False) -> Path:
+    def _gather(self, obj: Any) -> list:
+        from vlctl.train.distributed import all_gather_object
+
+        return all_gather_object(obj) if self.world_size > 1 else [obj]
+
+    def stage(self, name: str, key: dict, fn: Callable[..., Any], resumable: bool = False,
+              distributed: bool = False) -> Path:
         """Run `fn(workdir)` (or `fn(workdir, resume)` when resumable) unless a finished stage
-        with the same key exists; return the stage directory."""
+        with the same key exists; return the stage directory. `distributed`: under torchrun,
+        `fn` runs on every rank (it shards its work or trains DDP); otherwise on rank 0 only."""
         final = self.stages / stage_dir_name(name, key)
+        names = self._gather(final.name)
+        if len(set(names)) > 1:  # ranks given different commands, or nondeterministic keys
+            raise VlctlError(f"stage {name}: the ranks disagree on its key ({', '.join(sorted(set(names)))}); "
+                             "every torchrun rank must run the same command on the same files")
         partial = final.with_name(final.name + ".partial")
+        plan = None
+        if self.is_main:
+            try:
+                plan = self._prepare(name, key, final, partial, resumable)
+            except VlctlError as e:  # every rank raises it: none waits for rank 0 forever
+                plan = {"error": str(e)}
+        plan = self._gather(plan)[0]
+        if "error" in plan:
+            raise VlctlError(plan["error"])
+        if plan["kind"] in ("done", "shipped"):
+            self.timings[name] = plan["timing"]
+            return final
+        resume = plan["kind"] == "resume"
+        runs_here = self.is_main or distributed
+        t0 = time.perf_counter()
+        if runs_here:
+            with heartbeat(f"stage {name}") if self.verbose else contextlib.nullcontext():
+                fn(partial, resume) if resumable else fn(partial)
+        seconds = time.perf_counter() - t0
+        # Every rank's part is finished (a rank that died never gets here: the stage stays partial).
+        self._gather(True)
+        if self.is_main:
+            if self.verbose:
+                _say(f"stage {name}: done in {seconds:.1f} s")
+            atomic_write_json(partial / "done.json", {"stage": name, "key": key, "seconds": seconds})
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(partial, final)
+        self._gather(True)  # the others read the stage only once it is renamed
+        self.timings[name] = {"seconds": seconds, "cached": False}
+        return final
+
+    def _prepare(self, name: str, key: dict, final: Path, partial: Path, resumable: bool) -> dict:
+        """Rank 0: reuse, copy the shipped stage, or make the stage's `.partial/` (kept to resume)."""
         if self.force:
             shutil.rmtree(final, ignore_errors=True)
             shutil.rmtree(partial, ignore_errors=True)
         if (final / "done.json").is_file():
             done = read_json(final / "done.json", "stage marker")
-            self.timings[name] = {"seconds": done["seconds"], "cached": True}
             if self.verbose:
                 _say(f"stage {name}: reused {final} (computed in {done['seconds']:.0f} s)")
-            return final
+            return {"kind": "done", "timing": {"seconds": done["seconds"], "cached": True}}
         entry = shipped_manifest(self.shipped).get(final.name) if self.shipped is not None else None
         if entry is not None:
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
             copy_shipped(self.shipped / final.name, entry, key, partial)
             os.replace(partial, final)
-            self.timings[name] = {"seconds": entry["seconds"], "cached": True, "shipped": True}
             if self.verbose:
                 _say(f"stage {name}: shipped with vlctl (computed in {entry['seconds']:.0f} s; "
                      "--from-scratch recomputes it)")
-            return final
+            return {"kind": "shipped", "timing": {"seconds": entry["seconds"], "cached": True, "shipped": True}}
         resume = resumable and partial.is_dir()
         if not resume:
             shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True, exist_ok=True)
         if self.verbose:
-            _say(f"stage {name}: {'resuming from its checkpoint' if resume else 'started'}")
-        t0 = time.perf_counter()
-        with heartbeat(f"stage {name}") if self.verbose else contextlib.nullcontext():
-            fn(partial, resume) if resumable else fn(partial)
-        seconds = time.perf_counter() - t0
-        if self.verbose:
-            _say(f"stage {name}: done in {seconds:.1f} s")
-        atomic_write_json(partial / "done.json", {"stage": name, "key": key, "seconds": seconds})
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(partial, final)
-        self.timings[name] = {"seconds": seconds, "cached": False}
-        return final
+            _say(f"stage {name}: {'resuming from its checkpoint' if resume else 'started'}"
+                 + (f" ({self.world_size} ranks)" if self.world_size > 1 else ""))
+        return {"kind": "resume" if resume else "fresh"}
+
+    def leave(self) -> bool:
+        """After the last stage: leave the process group; True on the rank that goes on (rank 0,
+        or the only process) to evaluate, write the report and print, False on the others."""
+        from vlctl.train.distributed import destroy_distributed
+
+        if self.world_size > 1:
+            destroy_distributed()
+            # From here rank 0 runs alone: a later training loop must not wait for the others.
+            os.environ.update(WORLD_SIZE="1", RANK="0")
+            self.world_size = 1
+        return self.is_main
 
 
 def find_stage(stages: str | Path, name: str) -> Path:

@@ -7,6 +7,8 @@ Stages: embed-train (COCO Karpathy train, or a CSV / WebDataset caption set: ima
 embeddings of the frozen encoder) -> sae (TopK SAE, K=128, AuxK 256, expansion 32, 50 epochs)
 -> tevi (the caption-conditioned mask, negative conditioning, Eq. 11) -> embed-<benchmark> (COCO
 test, Flickr30k test, DOCCI, IIW, RoCOCO) -> sae-sweep (K x expansion) -> evaluate -> report.
+Under torchrun (`vlctl.recipes.runner`) the embedding stages shard the images over the ranks and
+the SAE, mask and sweep fits train DDP; rank 0 evaluates and reports.
 
 Reported: positive-pair alignment before / after editing (COCO test), R@1/5/10 both ways for
 base vs exhaustive TEVI vs TEVI-rerank of the base top k on every benchmark given, RoCOCO R@1,
@@ -32,8 +34,10 @@ from vlctl.recipes.real_common import (
     data_hash,
     embed_stage,
     estimate_line,
+    is_main_rank,
     is_random,
     load_embeddings,
+    rank_device,
     report_header,
 )
 from vlctl.recipes.real_data import TeviCocoData, flag, need_dir, need_file
@@ -164,6 +168,8 @@ def _sae_stage(cfg, train, encoder_id, device, work: Path) -> None:
     estimate_line("stage sae", cfg.sae_epochs * per_epoch, rate, 16 * 2 * cfg.sae_expansion * d * d + x.nbytes,
                   unit="steps")
     sae, seconds = _fit_sae(cfg, x, encoder_id, device, cfg.sae_k, cfg.sae_expansion, cfg.sae_epochs)
+    if not is_main_rank():  # under torchrun every rank fits (DDP); rank 0 writes
+        return
     sae.save(work / "sae")
     atomic_write_json(work / "fit.json", {"seconds": seconds, "samples_per_s": n * cfg.sae_epochs / max(seconds, 1e-9)})
 
@@ -243,6 +249,8 @@ def _tevi_stage(cfg, train, sae_dir: Path, device: str, work: Path, lazy=None, c
     t0 = time.perf_counter()
     fit(tevi, slice(None))
     seconds = time.perf_counter() - t0
+    if not is_main_rank():
+        return
     tevi.save(work / "tevi")
     atomic_write_json(work / "fit.json", {"seconds": seconds, "steps": steps, "steps_per_s": steps / max(seconds, 1e-9)})
 
@@ -265,7 +273,8 @@ def _sweep_stage(cfg, train, test_img: np.ndarray, encoder_id: str, device: str,
             rows.append({"k": k, "expansion": e, "n_latents": sae.config_.n_latents,
                          "fvu": float(fraction_variance_unexplained(test_img, rec)), "dead_latents": sae.n_dead_,
                          "seconds": seconds})
-    atomic_write_json(work / "sweep.json", rows)
+    if is_main_rank():
+        atomic_write_json(work / "sweep.json", rows)
 
 
 # --- evaluation ----------------------------------------------------------------------------------
@@ -338,7 +347,8 @@ def run(out: Path, quick: bool = False, force: bool = False, stages: str | Path 
         from_scratch: bool = False, *, encoder: str | None = None, data: TeviCocoData | None = None,
         cfg: TeviCocoRecipe | None = None, encoder_run: EncoderRun | None = None) -> Path:
     # No shipped checkpoints exist for the real recipes; from_scratch is passed on for the runner's contract.
-    runner = Runner(out, force=force, stages=stages, from_scratch=from_scratch)
+    runner = Runner(out, force=force, stages=stages, from_scratch=from_scratch,
+                    device=(encoder_run or EncoderRun()).device, torchrun=True)
     if not encoder:
         raise VlctlError("tevi-coco: --encoder SPEC is required (open_clip:..., hf:..., tiny:DIR)")
     cfg = cfg or load_preset(quick)
@@ -382,14 +392,16 @@ def run(out: Path, quick: bool = False, force: bool = False, stages: str | Path 
         rococo_emb = {"image_emb": e["image_emb"], "text_emb": e["text_emb"][:n_o], "altered_emb": e["text_emb"][n_o:],
                       "image_of_text": e["image_of_text"]}
 
-    device = run_cfg.device
+    device = rank_device(run_cfg.device)
     sae_key = {"train": train_dir.name, **{f: getattr(cfg, f) for f in ("sae_k", "sae_aux_k", "sae_expansion",
                                                                         "sae_epochs", "sae_lr", "sae_batch_size", "seed")}}
-    sae_dir = runner.stage("sae", sae_key, lambda w: _sae_stage(cfg, train, encoder_id, device, w))
+    sae_dir = runner.stage("sae", sae_key, lambda w: _sae_stage(cfg, train, encoder_id, device, w),
+                           distributed=True)
     mask_key = {"sae": sae_dir.name, **{f: getattr(cfg, f) for f in ("conditioning", "mask_hidden", "mask_epochs",
                                                                      "mask_lr", "mask_batch_size", "text_finetune",
                                                                      "text_lr")}}
-    tevi_dir = runner.stage("tevi", mask_key, lambda w: _tevi_stage(cfg, train, sae_dir, device, w, lazy, caps))
+    tevi_dir = runner.stage("tevi", mask_key, lambda w: _tevi_stage(cfg, train, sae_dir, device, w, lazy, caps),
+                            distributed=True)
     headline = next(iter(bench))
     test_img = bench_emb[headline]["image_emb"]
     sweep_key = {"train": train_dir.name, "test": headline, "k": list(cfg.sweep_k),
@@ -397,7 +409,10 @@ def run(out: Path, quick: bool = False, force: bool = False, stages: str | Path 
                  "lr": cfg.sae_lr, "seed": cfg.seed}
     sae_rate = read_json(sae_dir / "fit.json")["samples_per_s"]
     sweep_dir = runner.stage("sae-sweep", sweep_key,
-                             lambda w: _sweep_stage(cfg, train, test_img, encoder_id, device, w, sae_rate))
+                             lambda w: _sweep_stage(cfg, train, test_img, encoder_id, device, w, sae_rate),
+                             distributed=True)
+    if not runner.leave():  # torchrun ranks other than 0 stop here; rank 0 evaluates and reports
+        return out / "report.md"
 
     from vlctl.eval import metrics
     from vlctl.methods.sae import SparseAutoencoder, fraction_variance_unexplained

@@ -11,7 +11,8 @@ finetune-<mode> for mode in contrastive, negclip, tree (rank-1 LoRA through peft
 data, steps and ranks; the paper's defaults: lr 3e-6, wd 0.1, batch 64, 12 epochs, alpha 0.5;
 resumable after a kill) -> evaluate (VL-CheckList Attribute / Relation / Object, SugarCrepe, ARO,
 COCO T->I R@1, failures per POS of the replaced word, the tree model with Anchor token removal
-at 65%) -> report.
+at 65%) -> report. Under torchrun (`vlctl.recipes.runner`) the fine-tunings train DDP, the
+trees and the evaluation run on rank 0.
 
 results.json has the keys of 3vl-scenes (checklist.{category: {model: acc}, average},
 n_items, failures_by_pos, n_items_by_pos, token_removal, fine_tuning, trees, paper, timings),
@@ -29,7 +30,16 @@ import numpy as np
 
 from vlctl.config import config_from_dict, config_to_dict, opt
 from vlctl.io import VlctlError, atomic_save_npz, atomic_save_safetensors, atomic_write_json, read_json
-from vlctl.recipes.real_common import EncoderRun, LazyEncoder, data_hash, estimate_line, is_random, report_header
+from vlctl.recipes.real_common import (
+    EncoderRun,
+    LazyEncoder,
+    data_hash,
+    estimate_line,
+    is_main_rank,
+    is_random,
+    rank_device,
+    report_header,
+)
 from vlctl.recipes.real_data import ThreeVLCocoData, flag, need_dir, need_file
 from vlctl.recipes.runner import Runner
 from vlctl.report import Report
@@ -214,7 +224,7 @@ def _finetune(cfg: ThreeVLCocoRecipe, mode: str, lazy: LazyEncoder, run: Encoder
     t = read_json(trees_dir / "trees.json", "trees")
     tokenize = base.tokenize
     pos_tokens = tokenize(captions)
-    device = torch.device(run.device if run.device != "cuda" else "cuda:0")
+    device = torch.device("cuda:0" if rank_device(run.device) == "cuda" else rank_device(run.device))
 
     def make_batch(idx: np.ndarray, epoch: int):
         x = torch.stack([base.preprocess_pil(read_image(paths[image_of_text[i]])) for i in idx])
@@ -277,6 +287,8 @@ def _finetune(cfg: ThreeVLCocoRecipe, mode: str, lazy: LazyEncoder, run: Encoder
     result = train(model, n_samples=n, make_batch=make_batch, loss_fn=loss_fn, cfg=loop, out_dir=work / "run",
                    param_groups=groups, resume=resume, device=run.device, run_config=run_config)
     model.cpu()
+    if not is_main_rank():  # under torchrun every rank trains (DDP); rank 0 writes
+        return
     doc = {"format": "vlctl.lora-peft/1", "base_encoder_id": base.id,
            "mode": mode, "rank": cfg.rank, "alpha": cfg.lora_alpha}
     adapters = work / "adapters"
@@ -461,7 +473,8 @@ def run(out: Path, quick: bool = False, force: bool = False, stages=None, from_s
         encoder: str | None = None, data: ThreeVLCocoData | None = None, cfg: ThreeVLCocoRecipe | None = None,
         encoder_run: EncoderRun | None = None) -> Path:
     # No shipped checkpoints exist for the real recipes; from_scratch is passed on for the runner's contract.
-    runner = Runner(out, force=force, stages=stages, from_scratch=from_scratch)
+    runner = Runner(out, force=force, stages=stages, from_scratch=from_scratch,
+                    device=(encoder_run or EncoderRun()).device, torchrun=True)
     if not encoder:
         raise VlctlError("3vl-coco: --encoder SPEC is required (open_clip:<model>[/<tag or checkpoint>])")
     cfg = cfg or load_preset(quick)
@@ -490,12 +503,14 @@ def run(out: Path, quick: bool = False, force: bool = False, stages=None, from_s
         ft_dirs[mode] = runner.stage(
             f"finetune-{mode}", key,
             lambda w, r, mode=mode: _finetune(cfg, mode, lazy, run_cfg, paths, captions, iot, trees_dir, w, r),
-            resumable=True)
+            resumable=True, distributed=True)
         rec = read_json(ft_dirs[mode] / "fit.json")
         if rec["base_id"] != base.id:
             raise VlctlError(f"{ft_dirs[mode]}: cached stage was computed with encoder {rec['base_id']!r}, but the "
                              f"encoder now is {base.id!r} (same spec, other weights); refusing to mix them: rerun "
                              "with --force, or another --stages")
+    if not runner.leave():  # torchrun ranks other than 0 stop here; rank 0 evaluates and reports
+        return out / "report.md"
     bench_key = {g: data_hash([], [f"{root / it.image}|{it.box}|{it.positives[0]}|{it.negatives[0]}"
                                    for it, root in items], None)
                  for kind in ("checklist", "sugarcrepe", "aro") for g, items in bench[kind].items()}

@@ -12,8 +12,10 @@ The autograd-aware gather of the contrastive loss, `all_gather_with_grad`, is in
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -43,11 +45,13 @@ def _pick_device(device: str | None, local_rank: int) -> torch.device:
     raise VlctlError(f"device must be 'cpu', 'cuda' or None (auto), got {device!r}")
 
 
-def init_distributed(device: str | None = None) -> DistInfo:
+def init_distributed(device: str | None = None, timeout_s: float | None = None) -> DistInfo:
     """Join torchrun's process group (gloo on CPU, nccl on CUDA); a no-op in a single process.
 
-    `device`: "cpu", "cuda" or None (CUDA when available). Safe to call more than once: later
-    calls return the same information without re-initialising.
+    `device`: "cpu", "cuda" or None (CUDA when available). `timeout_s`: how long a collective
+    waits for the other ranks (torch's default, 30 min, when None); the recipes raise it, since
+    their ranks wait at a barrier while rank 0 alone runs a long evaluation stage. Safe to call
+    more than once: later calls return the same information without re-initialising.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -57,7 +61,9 @@ def init_distributed(device: str | None = None) -> DistInfo:
         if dev.type == "cuda":
             # nccl talks to "the current device"; without this every rank would use GPU 0.
             torch.cuda.set_device(dev)
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world_size)
+        extra = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=world_size,
+                                **extra)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
 
 
@@ -85,6 +91,35 @@ def is_distributed() -> bool:
 def is_main() -> bool:
     """True on rank 0 (or in a single process): the one that logs and writes files."""
     return not is_distributed() or dist.get_rank() == 0
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of this process in the process group; (0, 1) without one."""
+    return (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
+
+
+def shard_rows(n: int, rank: int, world_size: int) -> list[int]:
+    """The rows of `n` that rank `rank` of `world_size` handles: every world_size-th row from
+    `rank` (DistributedSampler's order without shuffling or padding). Deterministic, disjoint
+    over ranks, and together they cover range(n); `unshard` puts them back in order."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise VlctlError(f"rank {rank} is not in a world of {world_size} processes")
+    return list(range(rank, n, world_size))
+
+
+def unshard(parts: list, n: int):
+    """Rows of the ranks' results (parts[r]: the rows of `shard_rows(n, r, len(parts))`, in that
+    order) back in the single-process order, as one array of n rows."""
+    world = len(parts)
+    for r, p in enumerate(parts):
+        if len(p) != len(shard_rows(n, r, world)):
+            raise VlctlError(f"rank {r} returned {len(p)} rows for a shard of {len(shard_rows(n, r, world))}")
+    if not parts or n == 0:
+        return np.concatenate(parts) if parts else np.zeros((0,))
+    out = np.empty((n, *np.asarray(parts[0]).shape[1:]), dtype=np.asarray(parts[0]).dtype)
+    for r, p in enumerate(parts):
+        out[r::world] = p
+    return out
 
 
 def barrier() -> None:
