@@ -323,3 +323,23 @@ def test_cli_flags_are_the_config_fields():
     assert set(fields) - set(ControlEmbed.DATA_FIELDS) <= flags
     assert not set(ControlEmbed.DATA_FIELDS) & flags
     assert ControlEmbed().get_params() == {k: f.default for k, f in fields.items()}
+
+
+def test_unlabelled_images_sit_out_their_category():
+    """None = no label in a category: those images never enter its episodes, so what they hold
+    cannot change the fit (the same weights with their rows replaced), and they still count in
+    the categories where they are labelled."""
+    x, labels = toy_space(n=60)
+    color = labels["color"].astype(object)
+    color[::4] = None
+    garbage = x.copy()
+    garbage[::4] = np.random.default_rng(5).normal(size=garbage[::4].shape)
+    fits = [ControlEmbed(steps=4, seed=0).fit(data, {"color": color}, encoder_id="t", category_emb=COND)
+            for data in (x, garbage)]
+    for a, b in zip(fits[0].hypernet_.state_dict().values(), fits[1].hypernet_.state_dict().values()):
+        assert torch.equal(a, b)
+    both = ControlEmbed(steps=2).fit(x, {"color": color, "shape": labels["shape"]}, encoder_id="t",
+                                      category_emb=COND)
+    assert both.categories_ == ["color", "shape"]
+    with pytest.raises(VlctlError, match=r"labels\['color'\]: no image has a label"):
+        ControlEmbed(steps=2).fit(x, {"color": np.full(60, None)}, encoder_id="t", category_emb=COND)

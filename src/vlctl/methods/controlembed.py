@@ -302,8 +302,9 @@ class ControlEmbed(Estimator):
 
         source: the frozen image embeddings (normalised here): a store, or an (N, D) array from
             encoder `encoder_id`.
-        labels: {category: (N,) subclass of each image}; every category needs >= 2 subclasses and
-            every subclass >= 2 images (a positive besides the image itself).
+        labels: {category: (N,) subclass of each image, None where an image has no label in that
+            category (it then sits out that category's episodes)}; every category needs >= 2
+            subclasses and every subclass >= 2 images (a positive besides the image itself).
         class_text_emb: {category: (K, D) text embedding of each subclass, rows in sorted
             subclass order} (`prompt_ensemble`); required when align_weight > 0.
         category_emb: {category: (cond_dim,)}; default: MiniLM embeddings of the category names.
@@ -322,7 +323,13 @@ class ControlEmbed(Estimator):
             y = np.asarray(labels[cat])
             if y.shape != (n,):
                 raise VlctlError(f"labels[{cat!r}]: expected shape ({n},) to match embeddings, got {y.shape}")
-            values, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
+            # None = no label in this category (real datasets label images per category): such an
+            # image takes no part in this category's episodes, and still in the others'.
+            labelled = np.flatnonzero([v is not None for v in y]) if y.dtype == object else np.arange(n)
+            if len(labelled) == 0:
+                raise VlctlError(f"labels[{cat!r}]: no image has a label in this category")
+            values, inverse, counts = np.unique(y[labelled].tolist() if y.dtype == object else y,
+                                                return_inverse=True, return_counts=True)
             if len(values) < 2:
                 raise VlctlError(f"labels[{cat!r}]: category has a single subclass ({values.tolist()}); "
                                  "retrieval and clustering by it are meaningless")
@@ -330,7 +337,7 @@ class ControlEmbed(Estimator):
                 raise VlctlError(f"labels[{cat!r}]: subclass {values.tolist()[counts.argmin()]!r} has a single image; "
                                  "every subclass needs a positive besides the image itself")
             subclasses[cat] = [v.item() if hasattr(v, "item") else v for v in values]
-            members[cat] = [np.flatnonzero(inverse == k) for k in range(len(values))]
+            members[cat] = [labelled[inverse == k] for k in range(len(values))]
         text = self._class_texts(class_text_emb, subclasses, d)
         if category_emb is None:
             cond, condition_id = minilm_text_embeddings(categories), minilm_id()

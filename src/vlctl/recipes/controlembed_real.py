@@ -174,25 +174,22 @@ def _texts(encoder, values: dict[str, list[str]], templates) -> dict[str, np.nda
 
 
 def _fit_rows(fit: Labelled) -> tuple[np.ndarray, list[str], list[str]]:
-    """(rows labelled in every kept category, kept categories, dropped categories with why)."""
-    cats = list(fit.labels)
-    dropped = []
-    while cats:
-        rows = np.flatnonzero([all(fit.labels[c][i] is not None for c in cats) for i in range(len(fit.paths))])
-        bad = None
-        for c in cats:
-            _, counts = np.unique([fit.labels[c][i] for i in rows], return_counts=True)
-            if len(counts) < 2 or counts.min() < 2:
-                bad = c
-                break
-        if bad is None:
-            return rows, cats, dropped
-        # The category with the fewest labelled images goes first: it shrinks the common rows most.
-        worst = min(cats, key=lambda c: sum(v is not None for v in fit.labels[c]))
-        dropped.append(f"{worst}: too few images labelled in every category (needs >= 2 subclasses of >= 2 images)")
-        cats.remove(worst)
-    raise VlctlError("ControlEmbed fit: no category has >= 2 subclasses of >= 2 images among the fit images "
-                     "labelled in every category")
+    """(rows labelled in at least one kept category, kept categories, dropped categories with why).
+
+    A category is kept when its own labelled images hold >= 2 subclasses of >= 2 images; an image
+    without a label in some category sits out that category's episodes (`ControlEmbed.fit` takes
+    None as "no label"), so partly labelled datasets (Stanford 40's poses, ShotBench) keep them all."""
+    cats, dropped = [], []
+    for c, labels in fit.labels.items():
+        _, counts = np.unique([v for v in labels if v is not None], return_counts=True)
+        if len(counts) >= 2 and counts.min() >= 2:
+            cats.append(c)
+        else:
+            dropped.append(f"{c}: too few labelled images (needs >= 2 subclasses of >= 2 images)")
+    if not cats:
+        raise VlctlError("ControlEmbed fit: no category has >= 2 subclasses of >= 2 labelled images among the fit images")
+    rows = np.flatnonzero([any(fit.labels[c][i] is not None for c in cats) for i in range(len(fit.paths))])
+    return rows, cats, dropped
 
 
 def _fit(cfg: ControlEmbedRealRecipe, emb: dict, fit: Labelled, encoder_id: str, device: str, work: Path) -> None:
@@ -200,9 +197,10 @@ def _fit(cfg: ControlEmbedRealRecipe, emb: dict, fit: Labelled, encoder_id: str,
 
     rows, cats, dropped = _fit_rows(fit)
     x = emb["image_emb"][rows]
-    y = {c: np.array([fit.labels[c][i] for i in rows]) for c in cats}
+    y = {c: np.array([fit.labels[c][i] for i in rows], dtype=object) for c in cats}
     values = {c: list(emb[f"values_{c}"]) for c in cats}
-    text = {c: emb[f"text_{c}"][[values[c].index(v) for v in np.unique(y[c])]] for c in cats}
+    text = {c: emb[f"text_{c}"][[values[c].index(v) for v in np.unique([v for v in y[c] if v is not None])]]
+            for c in cats}
     common = {"hidden": cfg.hidden, "rank": cfg.rank, "temperature": cfg.temperature, "align_weight": cfg.align_weight,
               "images_per_subclass": cfg.images_per_subclass, "lr": cfg.hyper_lr, "seed": cfg.seed, "device": device}
 
