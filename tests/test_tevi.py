@@ -118,16 +118,21 @@ def test_scores_and_rerank_match_naive(world):
     got = tevi.scores(x, t, chunk_size=(7, 11))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     base = (F.normalize(x, dim=1) @ F.normalize(t, dim=1).T).numpy()
+    def same_ranking(order, cand, exact):
+        """The candidates, best first by the exact scores; an order among exact ties (the synthetic
+        SAE gives some images equal scores, which two float paths round 1 ulp apart) is free."""
+        assert sorted(order.tolist()) == sorted(cand.tolist())
+        assert np.all(np.diff(exact[order]) <= 1e-5)
+
     rr = tevi.rerank(base, x, t, k=10, full_order=True)
     for q in range(30):
         cand = np.argsort(-base[:, q], kind="stable")[:10]
-        want_order = cand[np.argsort(-want[cand, q].numpy(), kind="stable")]
-        assert rr.order[:10, q].tolist() == want_order.tolist()
+        same_ranking(rr.order[:10, q], cand, want[:, q].numpy())
         assert rr.order[10:, q].tolist() == np.argsort(-base[:, q], kind="stable")[10:].tolist()
     rr = tevi.rerank(base, x, t, k=10, direction="i2t")  # per image, its top-10 texts re-scored
     for p in range(40):
         cand = np.argsort(-base[p], kind="stable")[:10]
-        assert rr.order[:, p].tolist() == cand[np.argsort(-want[p, cand].numpy(), kind="stable")].tolist()
+        same_ranking(rr.order[:, p], cand, want[p].numpy())
     with pytest.raises(VlctlError, match="direction must be 't2i' or 'i2t'"):
         tevi.rerank(base, x, t, direction="both")
 

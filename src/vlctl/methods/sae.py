@@ -39,6 +39,7 @@ from vlctl.artifacts import legacy_document, load_checked_state, not_this_class
 from vlctl.config import config_to_dict, opt
 from vlctl.io import VlctlError, read_json
 from vlctl.methods.base import Estimator, as_matrix, as_tensor, embedding_set
+from vlctl.methods.sae_kernels import picked_encode, sparse_decode
 
 WEIGHTS_FILE = "sae.safetensors"
 CONFIG_FILE = "config.json"
@@ -175,7 +176,10 @@ class TopKSAE(nn.Module):
     # -- encode / decode
 
     def pre_activation(self, x: torch.Tensor) -> torch.Tensor:
-        """(n, d) -> (n, d1): W_E^T (x - b_pre) + b_E."""
+        """(n, d) -> (n, d1): W_E^T (x - b_pre) + b_E.
+
+        Inference keeps the literal form (the scores TEVI and the shipped stages compute from these
+        latents stay bit-identical to before); training's `picked_encode` folds b_pre into the bias."""
         return (x - self.b_pre) @ self.W_E + self.b_E
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
@@ -211,22 +215,39 @@ class TopKSAE(nn.Module):
         latents are dead the -inf picks become 0 after the ReLU. No b_pre: the residual has none.
         """
         dead = self.dead_mask
-        n_aux = min(self.cfg.aux_k, int(dead.sum()))
+        n_aux = self._n_aux(dead)
         if n_aux == 0:
             return pre.new_zeros(())
         z_aux = self._topk_relu(pre.masked_fill(~dead, float("-inf")), n_aux)
         return _normalised_mse(residual, z_aux @ self.W_D)
 
+    def _n_aux(self, dead: torch.Tensor) -> int:
+        return min(self.cfg.aux_k, int(dead.sum())) if self.cfg.aux_k > 0 else 0
+
     def forward(self, x: torch.Tensor) -> SAEOutput:
-        """(n, d) -> losses and reconstructions; in training mode also updates dead-latent counts."""
-        pre = self.pre_activation(x)
-        z = self._topk_relu(pre, self.cfg.k)
-        x_hat = self.decode(z)
+        """(n, d) -> losses and reconstructions; in training mode also updates dead-latent counts.
+
+        The same maths as `decode(encode(x))` and `aux_loss(pre_activation(x), ...)`, computed
+        sparsely (`vlctl.methods.sae_kernels`): one dense GEMM for the pre-activations, then only
+        the k (and aux_k) picked latents in the decodes and in every gradient. `z` comes back
+        dense and detached (the losses carry the gradients)."""
+        dead = self.dead_mask
+        n_aux = self._n_aux(dead)
+        picked = picked_encode(x, self.W_E, self.b_E, self.b_pre, self.cfg.k, dead, n_aux)
+        codes = F.relu(picked.values)  # (n, k): a kept negative pre-activation becomes 0
+        x_hat = sparse_decode(picked.indices, codes, self.W_D) + self.b_pre
         nmse = _normalised_mse(x, x_hat)
-        aux = self.aux_loss(pre, (x - x_hat).detach()) if self.cfg.aux_k > 0 else pre.new_zeros(())
-        if self.training:
-            with torch.no_grad():
-                fired = (z != 0).any(0)
+        if n_aux:
+            # AuxK: the top n_aux dead latents reconstruct the detached residual (no b_pre).
+            aux = _normalised_mse((x - x_hat).detach(), sparse_decode(picked.aux_indices, F.relu(picked.aux_values),
+                                                                      self.W_D))
+        else:
+            aux = x.new_zeros(())
+        with torch.no_grad():
+            z = torch.zeros(len(x), self.W_E.shape[1], dtype=codes.dtype, device=codes.device)
+            z.scatter_(1, picked.indices, codes)
+            if self.training:
+                fired = torch.zeros_like(dead).index_fill_(0, picked.indices[codes != 0], True)
                 self.samples_since_fired += x.shape[0]
                 self.samples_since_fired[fired] = 0
         return SAEOutput(nmse + self.cfg.aux_coef * aux, nmse, aux, x_hat, z)
@@ -263,9 +284,11 @@ class TopKSAE(nn.Module):
 
     def _project(self, grad: torch.Tensor) -> torch.Tensor:
         # g_r <- g_r - (g_r . w_r / ||w_r||^2) w_r: an exact (idempotent) projection, so applying it
-        # twice (hook + project_decoder_grad) changes nothing.
+        # twice (hook + project_decoder_grad) changes nothing. Row dots by einsum and one addcmul:
+        # no (d1, d) temporaries but the result (3x faster than the literal form, measured on 1 thread).
         w = self.W_D.detach()
-        return grad - (grad * w).sum(1, keepdim=True) / w.pow(2).sum(1, keepdim=True).clamp_min(1e-24) * w
+        coef = torch.einsum("ij,ij->i", grad, w) / torch.linalg.vector_norm(w, dim=1).square().clamp_min(1e-24)
+        return torch.addcmul(grad, w, coef[:, None], value=-1)
 
     @torch.no_grad()
     def project_decoder_grad(self) -> None:
@@ -273,6 +296,28 @@ class TopKSAE(nn.Module):
         unit-norm constraint makes that component meaningless, and Adam would otherwise amplify it."""
         if isinstance(self.W_D, nn.Parameter) and self.W_D.grad is not None:
             self.W_D.grad.copy_(self._project(self.W_D.grad))
+
+
+class FitLoss:
+    """The `loss_fn` that `SparseAutoencoder.fit` hands the training loop: `(net, batch) -> (loss,
+    metrics)` for one step (benchmarks/peers.py times this same step)."""
+
+    def __init__(self, cfg: TopKSAEConfig):
+        self.cfg, self.step = cfg, 0
+
+    def __call__(self, net: nn.Module, batch: torch.Tensor):
+        # The loop has no "after optimizer.step()" hook, so the renormalisation of the previous
+        # step happens here, before the forward that uses the weights: the same sequence
+        # (step, normalise, forward) as the reference, exactly. The final step's renormalisation
+        # is done after the loop.
+        sae = getattr(net, "module", net)
+        if not self.cfg.concepts_fixed:
+            sae.normalize_decoder()
+        self.step += 1
+        if self.cfg.resample_every and self.step % self.cfg.resample_every == 0:
+            sae.resample_dead(batch)
+        out = net(batch)
+        return out.loss, {"nmse": float(out.nmse.detach()), "aux": float(out.aux.detach()), "n_dead": sae.n_dead}
 
 
 # --- the estimator -----------------------------------------------------------------------------
@@ -345,22 +390,7 @@ class SparseAutoencoder(Estimator):
         def make_batch(idx: np.ndarray, epoch: int) -> torch.Tensor:
             return x[torch.as_tensor(idx)]
 
-        step = [0]
-
-        def loss_fn(net: nn.Module, batch: torch.Tensor):
-            # The loop has no "after optimizer.step()" hook, so the renormalisation of the previous
-            # step happens here, before the forward that uses the weights: the same sequence
-            # (step, normalise, forward) as the reference, exactly. The final step's renormalisation
-            # is done after the loop.
-            sae = getattr(net, "module", net)
-            if not cfg.concepts_fixed:
-                sae.normalize_decoder()
-            step[0] += 1
-            if cfg.resample_every and step[0] % cfg.resample_every == 0:
-                sae.resample_dead(batch)
-            out = net(batch)
-            return out.loss, {"nmse": float(out.nmse.detach()), "aux": float(out.aux.detach()), "n_dead": sae.n_dead}
-
+        loss_fn = FitLoss(cfg)
         # Parallel-gradient removal as a tensor hook: it rewrites W_D's gradient during backward,
         # i.e. before the loop's optimizer.step() (and before clipping), exactly like
         # project_decoder_grad() called between backward and step.
