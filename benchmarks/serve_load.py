@@ -58,10 +58,11 @@ def percentile(values: list[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
-def start_server(demo_dir: str, port: int, threads: int, log) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+def start_server(demo_dir: str, port: int, threads: int, heavy_threads: int, log,
+                 extra: tuple[str, ...] = ()) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(threads, heavy_threads))}
     cmd = [sys.executable, "-m", "vlctl", "serve", "--demo", "--demo-dir", demo_dir, "--host", "127.0.0.1",
-           "--port", str(port), "--threads", str(threads)]
+           "--port", str(port), "--threads", str(threads), "--heavy-threads", str(heavy_threads), *extra]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
 
 
@@ -148,15 +149,69 @@ def _negative(caption: str, rng: random.Random) -> str:
     return " ".join(words)
 
 
-def run_load(base: str, requests: list, clients: int) -> dict:
-    import httpx
+class Http:
+    """One keep-alive HTTP/1.1 connection (`http.client`): a closed-loop client. Far cheaper per
+    request than httpx, so the load generator's own CPU takes little from the server's two cores."""
 
+    def __init__(self, base: str, timeout: float = 120):
+        import http.client
+        from urllib.parse import urlsplit
+
+        u = urlsplit(base)
+        self._new = lambda: http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+        self.conn = self._new()
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+        import http.client
+
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        for attempt in (0, 1):  # a kept-alive connection the server closed while idle: reconnect once
+            try:
+                self.conn.request(method, path, body=data, headers=headers)
+                r = self.conn.getresponse()
+                return r.status, r.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.conn.close()
+                self.conn = self._new()
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` and its live children (Linux /proc; None elsewhere)."""
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        pids = [pid]
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    fields = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(fields[1]) == pid:
+                    pids.append(int(d))
+        total = 0.0
+        for p in pids:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        return total
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def run_load(base: str, requests: list, clients: int, server_pid: int | None = None) -> dict:
     results: list[tuple[str, float, int]] = []
     lock = threading.Lock()
     queue = list(reversed(requests))
 
     def client():
-        with httpx.Client(base_url=base, timeout=120) as http:
+        http = Http(base)
+        try:
             while True:
                 with lock:
                     if not queue:
@@ -164,19 +219,21 @@ def run_load(base: str, requests: list, clients: int) -> dict:
                     kind, method, path, body = queue.pop()
                 t0 = time.perf_counter()
                 try:
-                    r = http.request(method, path, json=body)
-                    status = r.status_code
+                    status, data = http.request(method, path, body)
                     if kind == "cluster" and status == 202:
-                        job = r.json()
+                        job = json.loads(data)
                         while job["status"] in ("queued", "running"):
                             time.sleep(0.02)
-                            job = http.get(f"/api/jobs/{job['id']}").json()
+                            job = json.loads(http.request("GET", f"/api/jobs/{job['id']}")[1])
                         status = 200 if job["status"] == "done" else 400
-                except httpx.HTTPError:
+                except (OSError, ValueError):
                     status = -1
                 with lock:
                     results.append((kind, time.perf_counter() - t0, status))
+        finally:
+            http.close()
 
+    cpu0, server0 = time.process_time(), _cpu_seconds(server_pid) if server_pid else None
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
@@ -184,6 +241,8 @@ def run_load(base: str, requests: list, clients: int) -> dict:
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    client_cpu = time.process_time() - cpu0
+    server1 = _cpu_seconds(server_pid) if server_pid else None
     per: dict[str, dict] = {}
     for kind in sorted({k for k, _, _ in results}):
         lat = [s * 1000 for k, s, _ in results if k == kind]
@@ -191,28 +250,34 @@ def run_load(base: str, requests: list, clients: int) -> dict:
         per[kind] = {"count": len(lat), "p50_ms": round(percentile(lat, 50), 1), "p99_ms": round(percentile(lat, 99), 1),
                      "max_ms": round(max(lat), 1), "errors": sum(c >= 400 or c < 0 for c in st),
                      "5xx": sum(c >= 500 for c in st)}
+    cpu = {"load_generator_ms_per_request": round(client_cpu / len(results) * 1000, 2)}
+    if server0 is not None and server1 is not None:
+        cpu["server_ms_per_request"] = round((server1 - server0) / len(results) * 1000, 2)
     return {"requests": len(results), "clients": clients, "wall_s": round(wall, 2),
             "requests_per_s": round(len(results) / wall, 1), "errors": sum(v["errors"] for v in per.values()),
-            "5xx": sum(v["5xx"] for v in per.values()), "endpoints": per}
+            "5xx": sum(v["5xx"] for v in per.values()), "cpu": cpu, "endpoints": per}
 
 
 def one_client(base: str, requests: list, kinds: tuple[str, ...] = ("search_text", "search_image", "steer_attribute",
                                                                      "steer_blend", "steer_tevi"), n: int = 100) -> dict:
     """The same kinds of request sent one at a time (no queueing): the service time per request."""
-    import httpx
-
     out = {}
-    with httpx.Client(base_url=base, timeout=120) as http:
+    http = Http(base)
+    try:
         for kind in kinds:
             todo = [r for r in requests if r[0] == kind][:n]
             lat = []
             for _, method, path, body in todo:
                 t0 = time.perf_counter()
-                http.request(method, path, json=body).raise_for_status()
+                status, data = http.request(method, path, body)
                 lat.append((time.perf_counter() - t0) * 1000)
+                if status != 200:
+                    raise SystemExit(f"serve_load: {path} answered {status}: {data[:300]!r}")
             if lat:
                 out[kind] = {"count": len(lat), "p50_ms": round(percentile(lat, 50), 1),
                              "p99_ms": round(percentile(lat, 99), 1)}
+    finally:
+        http.close()
     return out
 
 
@@ -269,7 +334,11 @@ def main() -> int:
     p.add_argument("--demo-dir", default="runs/demo")
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--clients", type=int, default=20)
-    p.add_argument("--threads", type=int, default=2, help="torch threads of the server")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the server process (search, steer: "
+                   "tiny forward passes, which more threads only slow down)")
+    p.add_argument("--heavy-threads", type=int, default=1, help="torch threads of its explain / clustering process")
+    p.add_argument("--server-arg", action="append", default=[], help="more `vlctl serve` flags (repeatable), "
+                   "e.g. --server-arg=--no-heavy-process")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="benchmarks/serve_load.json")
     p.add_argument("--mix", default="", help="override weights, e.g. explain=0,search_text=40")
@@ -282,13 +351,13 @@ def main() -> int:
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile("w+") as log:  # the server's stderr (a pipe could fill and block it)
-        proc = start_server(args.demo_dir, port, args.threads, log)
+        proc = start_server(args.demo_dir, port, args.threads, args.heavy_threads, log, tuple(args.server_arg))
         try:
             t0 = time.perf_counter()
             info = wait_ready(base, proc, log)
             startup = time.perf_counter() - t0
             requests = make_requests(info, args.requests, args.seed, mad_captions(base, info))
-            load = run_load(base, requests, args.clients)
+            load = run_load(base, requests, args.clients, proc.pid)
             alone = one_client(base, requests)
             explain = solo_explain(base, info) if info.get("explain") else None
         finally:
@@ -297,9 +366,10 @@ def main() -> int:
                 proc.wait(20)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    result = {"demo_dir": args.demo_dir, "cpus": os.cpu_count(), "server_threads": args.threads, "mix": MIX,
+    result = {"demo_dir": args.demo_dir, "cpus": os.cpu_count(), "server_threads": args.threads,
+              "heavy_threads": args.heavy_threads, "server_args": args.server_arg, "mix": MIX,
               "startup_s": round(startup, 1), "load": load, "one_client": alone, "explain_alone": explain,
-              "cluster_10k": cluster_10k(args.demo_dir, args.threads),
+              "cluster_10k": cluster_10k(args.demo_dir, args.heavy_threads),
               "note": "2 CPU cores shared with other processes while measured: latencies include their load"}
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

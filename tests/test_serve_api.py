@@ -141,8 +141,11 @@ def test_info_lists_what_is_served(client, state):
 
 def test_text_search_matches_the_store(client, state):
     coll = state.collections["store"]
+    from vlctl.serve import schemas
+
     r = client.post("/api/search", json={"collection": "store", "text": "a red square", "k": 5})
     assert r.status_code == 200
+    schemas.SearchResponse.model_validate(r.json())  # answered without FastAPI's check: it still is the model
     want = coll.store.search(coll.encoder.embed_texts(["a red square"]), k=5)
     hits = r.json()["hits"]
     assert [h["id"] for h in hits] == want.ids[0].tolist()
@@ -213,11 +216,14 @@ def _steered(coll, row: int, a: str, b: str | None = None, alpha: float = 1.0, k
 
 
 def test_steer_by_attribute_and_blend(client, state):
+    from vlctl.serve import schemas
+
     coll = state.collections["store"]
     orders = {}
     for a in ("color", "size"):
         r = client.post("/api/steer", json={"collection": "store", "image_id": 3, "attribute": a, "k": 8}).json()
         want = _steered(coll, 3, a)
+        schemas.SteerResponse.model_validate(r)
         assert r["mode"] == "attribute" and [h["id"] for h in r["hits"]] == want.ids[0].tolist()
         np.testing.assert_allclose([h["score"] for h in r["hits"]], want.scores[0], rtol=1e-4, atol=1e-6)
         orders[a] = [h["id"] for h in r["hits"]]
@@ -347,6 +353,65 @@ def test_explain_two_models_with_shared_scales_and_tree(client, state):
     assert "no image 99" in _error(client.post("/api/explain", json={"image_id": 99, "positive": "a"}), 404)
 
 
+def test_explain_an_uploaded_image(client, state, world):
+    png = (world["photos"] / "img00.png").read_bytes()  # row 0's file: the upload explains the same pixels
+    caption = state.explain.caption(0)
+    r = client.post("/api/explain/upload", files={"file": ("mine.jpg", png, "image/jpeg")},
+                    data={"positive": caption, "negative": "a small green square", "tree": "false"})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    want = client.post("/api/explain", json={"image_id": 0, "positive": caption, "negative": "a small green square",
+                                             "tree": False}).json()
+    assert got["image_id"] is None and want["image_id"] == 0
+    for g, w in zip(got["models"], want["models"], strict=True):
+        assert g["positive_score"] == pytest.approx(w["positive_score"], abs=1e-6)
+        assert g["negative_score"] == pytest.approx(w["negative_score"], abs=1e-6)
+        assert [h["method"] for h in g["heatmaps"]] == ["hilacam_positive", "hilacam_negative", "anchor", "dire"]
+    assert got["colour_bars"][0]["vmax"] == pytest.approx(want["colour_bars"][0]["vmax"], rel=1e-5)
+    assert "not an image" in _error(client.post("/api/explain/upload", files={"file": ("x.png", b"<svg></svg>", "image/png")},
+                                                data={"positive": caption}), 415)
+    big = io.BytesIO()
+    Image.new("RGB", (400, 300)).save(big, format="PNG")
+    assert "exceeds the limit of 100000" in _error(client.post(
+        "/api/explain/upload", files={"file": ("b.png", big.getvalue(), "image/png")}, data={"positive": "a"}), 413)
+    assert "positive" in _error(client.post("/api/explain/upload", files={"file": ("m.png", png, "image/png")}), 422)
+    assert "positive" in _error(client.post("/api/explain/upload", files={"file": ("m.png", png, "image/png")},
+                                            data={"positive": "a\x00b"}), 422)
+
+
+def test_heavy_work_in_its_own_process(world, state):
+    """Explain and clustering through a `HeavyWorker` (a spawned process with its own state) answer
+    what the in-process path answers; the searches stay in this process."""
+    import functools
+
+    from fastapi.testclient import TestClient
+
+    from vlctl.serve import ServeConfig, create_app
+    from vlctl.serve.heavy import HeavyWorker
+
+    heavy = HeavyWorker(functools.partial(world_state, world), threads=1)
+    heavy.wait_ready(120)
+    with TestClient(create_app(world_state(world), ServeConfig(), heavy)) as c:
+        caption = state.explain.caption(2)
+        body = {"image_id": 2, "positive": caption, "negative": "a big red square", "tree": False}
+        got = c.post("/api/explain", json=body)
+        assert got.status_code == 200, got.text
+        from vlctl.serve import work
+
+        want = work.explain(state.explain, 2, caption, "a big red square", False)
+        assert [m["positive_score"] for m in got.json()["models"]] == pytest.approx(
+            [m["positive_score"] for m in want["models"]], abs=1e-6)
+        assert [h["image"] for h in got.json()["models"][1]["heatmaps"]] == [h["image"] for h in
+                                                                             want["models"][1]["heatmaps"]]
+        assert "no image 99" in _error(c.post("/api/explain", json={**body, "image_id": 99}), 404)
+        job = _wait(c, c.post("/api/cluster", json={"collection": "store", "attribute": "size", "seed": 1}).json())
+        assert job["status"] == "done", job
+        coll = state.collections["store"]
+        ids = coll.controlembed.cluster(coll.store.embeddings(), "size", seed=1)
+        assert sorted(cl["size"] for cl in job["result"]["clusters"]) == sorted(np.bincount(ids, minlength=2).tolist())
+        assert c.post("/api/search", json={"collection": "store", "image_id": 1, "k": 2}).status_code == 200
+
+
 # --- images, reports, safety ---------------------------------------------------------------------
 
 
@@ -471,7 +536,7 @@ def test_cli_serves_the_store_as_asked(world, monkeypatch, capsys):
     monkeypatch.setattr(ExplainSet, "warm", lambda self: None)  # spaCy: the explain test loads it
     monkeypatch.setenv("VLCTL_SERVE_TOKEN", "tok")
     assert main(["serve", str(world["store"]), "--controlembed", str(world["ce"]), "--host", "0.0.0.0",
-                 "--port", "0", "--max-pixels", "5000"]) == 0
+                 "--port", "0", "--max-pixels", "5000", "--no-heavy-process"]) == 0
     err = capsys.readouterr().err
     assert seen["host"] == "0.0.0.0" and seen["port"] > 0 and f":{seen['port']}/?token=TOKEN" in err
     c = TestClient(seen["app"])

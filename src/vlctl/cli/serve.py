@@ -17,6 +17,7 @@ from vlctl.config import add_config_args, config_from_args
 from vlctl.io import VlctlError
 
 DEMO_DIR = "runs/demo"  # where `make demo` writes
+STATE_ARGS = ("store", "demo", "demo_dir", "controlembed", "tevi", "encoder", "data", "tuned", "reports")
 
 
 def serve_args(p: argparse.ArgumentParser) -> None:
@@ -68,6 +69,21 @@ def build_state(args: argparse.Namespace):
                            data=args.data, tuned=args.tuned, reports=args.reports)
 
 
+def state_from_fields(fields: dict):
+    """`build_state` from the state's flags alone (picklable: the heavy-work process calls it);
+    quiet, since the server process has already said what it left out."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        return build_state(argparse.Namespace(**fields))
+
+
+def _plain(args: argparse.Namespace) -> dict:
+    """The state's flags as plain values (the parser's path strings do not pickle)."""
+    return {f: str(v) if isinstance(v, str) else v for f, v in ((f, getattr(args, f)) for f in STATE_ARGS)}
+
+
 def serve(args: argparse.Namespace) -> dict:
     import uvicorn
 
@@ -84,7 +100,17 @@ def serve(args: argparse.Namespace) -> dict:
     state = build_state(args)
     print("[vlctl] serve: loading the models\u2026", file=sys.stderr)
     state.warm()
-    app = create_app(state, config)
+    heavy = None
+    if config.heavy_process:
+        import functools
+
+        from vlctl.serve.heavy import HeavyWorker
+
+        print("[vlctl] serve: starting the process for explain and clustering\u2026", file=sys.stderr)
+        heavy = HeavyWorker(functools.partial(state_from_fields, _plain(args)),
+                            threads=config.heavy_threads, nice=config.heavy_nice)
+        heavy.wait_ready()
+    app = create_app(state, config, heavy)
     if config.port == 0:  # any free port: chosen here, so the line below names it
         import socket
 

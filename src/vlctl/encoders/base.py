@@ -95,6 +95,9 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
     """Put `model` in eval mode for the block and restore its previous mode after (encoders are
     used for inference inside training code, e.g. relevancy maps, without changing its mode)."""
     was = model.training
+    if not was:  # already in eval mode (`.eval()` sets every submodule): skip the walk over them
+        yield
+        return
     model.eval()
     try:
         yield

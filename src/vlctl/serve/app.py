@@ -8,6 +8,7 @@
     POST /api/cluster            starts a background clustering job -> {id, status}
     GET  /api/jobs/{id}          the job, with its result when done (the page polls it)
     POST /api/explain            HilaCAM / Anchor / DiRe heatmaps and caption-tree scores, per model
+    POST /api/explain/upload     the same for an uploaded image (multipart: file, positive, negative, tree)
     GET  /api/images/{source}/{row}?size=   a row's image as PNG (by id; never a path)
     GET  /api/sample/{source}?n=&seed=       rows to pick a query image from
     GET  /reports/{id}/{name}    a report's html and the files it links (names listed at start)
@@ -15,13 +16,20 @@
 
 Every request body is a pydantic model (`vlctl.serve.schemas`); every error is JSON
 `{"error": "one message"}` (422 bad request fields, 400 a request the data refuses, 404 unknown id,
-413 too large, 415 not an image, 401 no token, 429 too many jobs, 504 past the timeout).
+413 too large, 415 not an image, 401 no token, 429 too many jobs, 503 the heavy-work process was
+lost, 504 past the timeout).
 
 Safe defaults (`ServeConfig`): the CLI binds 127.0.0.1; with a token every request needs it
 (`Authorization: Bearer T`, or the cookie set by opening `/?token=T`); request bodies over
 `max_upload_bytes` are refused while they arrive; uploads are typed by their bytes and refused over
 `max_pixels`; every computation runs on a bounded worker pool and answers 504 after
 `request_timeout` seconds.
+
+Latency: search and steer take a few ms of CPU, so their answers skip FastAPI's response
+validation (the dicts `work` builds are the response models' fields, checked by the tests) and
+are encoded once by `JSONResponse`. Explain and clustering run in a `HeavyWorker` process when one
+is given (the CLI starts one), so they never hold the GIL of the process answering the searches;
+without one they run on a thread of their own.
 """
 
 from __future__ import annotations
@@ -42,11 +50,13 @@ from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vlctl.config import opt, validate_config
 from vlctl.io import VlctlError
 from vlctl.serve import imaging, schemas, work
+from vlctl.serve.heavy import HeavyWorker, WorkerLost
 from vlctl.serve.jobs import Jobs, TooManyJobs
 from vlctl.serve.state import NotFound, ServeState
 
@@ -68,9 +78,14 @@ class ServeConfig:
     max_pixels: int = opt(16_000_000, "largest uploaded image in pixels (width x height), read from its header",
                           ge=1, le=2**31)
     request_timeout: float = opt(30.0, "seconds a request may compute before it is answered 504", gt=0, le=3600)
-    workers: int = opt(8, "threads computing requests at once (more wait)", ge=1, le=256)
+    workers: int = opt(4, "threads computing requests at once (more wait)", ge=1, le=256)
     job_workers: int = opt(1, "threads running background jobs (clustering)", ge=1, le=64)
     threads: int = opt(0, "torch / BLAS threads of the process (0: leave as they are)", ge=0, le=1024)
+    heavy_process: bool = opt(True, "run explain and clustering in a separate process at lower CPU priority "
+                              "(it loads its own copy of the models), so they never delay searches")
+    heavy_threads: int = opt(1, "torch threads of that process (0: torch's default; 1 leaves the other cores to "
+                             "the searches)", ge=0, le=1024)
+    heavy_nice: int = opt(0, "how much lower that process's CPU priority is (os.nice increment)", ge=0, le=19)
 
     def __post_init__(self) -> None:
         validate_config(self)
@@ -167,8 +182,9 @@ class _Guard:
         return False, False
 
 
-def create_app(state: ServeState, config: ServeConfig | None = None) -> FastAPI:
-    """The application over `state` (loaded once, shared by every request)."""
+def create_app(state: ServeState, config: ServeConfig | None = None, heavy: HeavyWorker | None = None) -> FastAPI:
+    """The application over `state` (loaded once, shared by every request); `heavy`: the process
+    that computes explain and clustering over its own copy of the state (None: a thread here)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -179,29 +195,40 @@ def create_app(state: ServeState, config: ServeConfig | None = None) -> FastAPI:
     pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="vlctl-serve")
     # Explain takes ~1 s of both cores and holds the explain lock: on its own thread, so that
     # explain requests wait for each other, not in front of the searches.
-    heavy = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlctl-explain")
+    explain_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlctl-explain")
     jobs = Jobs(workers=config.job_workers)
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
         jobs.shutdown()
-        for p in (pool, heavy):
+        for p in (pool, explain_pool):
             p.shutdown(wait=False, cancel_futures=True)
+        if heavy is not None:
+            heavy.shutdown()
 
     app = FastAPI(title="vlctl serve", version=__version__, docs_url="/docs", redoc_url=None, lifespan=lifespan,
                   description="Search, steer, cluster and explain an embeddings store. Errors are "
                   "{\"error\": message}; images are served by row id.")
     app.state.vlctl = state
     app.state.jobs = jobs
-    errors = {code: {"model": schemas.Error} for code in (400, 404, 413, 415, 422, 429, 504)}
+    errors = {code: {"model": schemas.Error} for code in (400, 404, 413, 415, 422, 429, 503, 504)}
 
     async def run(fn, *args, executor: ThreadPoolExecutor = pool):
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(executor, functools.partial(fn, *args))
+        return await _timed(loop.run_in_executor(executor, functools.partial(fn, *args)))
+
+    async def _timed(fut):
         try:
             return await asyncio.wait_for(fut, config.request_timeout)
         except asyncio.TimeoutError:
             raise TimeoutError(f"the request took longer than {config.request_timeout:g} s and was abandoned") from None
+
+    async def run_explain(row, pixels, positive, negative, tree):
+        if state.explain is None:
+            raise NotFound("no explain set is served (it needs an encoder with a ViT image tower)")
+        if heavy is not None:
+            return await _timed(asyncio.wrap_future(heavy.submit("explain", row, pixels, positive, negative, tree)))
+        return await run(work.explain, state.explain, row, positive, negative, tree, pixels, executor=explain_pool)
 
     # -- errors: one JSON message each ------------------------------------------------------
     @app.exception_handler(RequestValidationError)
@@ -227,6 +254,10 @@ def create_app(state: ServeState, config: ServeConfig | None = None) -> FastAPI:
     @app.exception_handler(NotFound)
     async def _missing(request: Request, exc: NotFound):
         return _error(404, str(exc.args[0]) if exc.args else "not found")
+
+    @app.exception_handler(WorkerLost)
+    async def _lost(request: Request, exc: WorkerLost):
+        return _error(503, str(exc), {"Retry-After": "5"})
 
     @app.exception_handler(TimeoutError)
     async def _slow(request: Request, exc: TimeoutError):
@@ -270,7 +301,7 @@ def create_app(state: ServeState, config: ServeConfig | None = None) -> FastAPI:
     @app.post("/api/search", response_model=schemas.SearchResponse, responses=errors)
     async def search(req: schemas.SearchRequest):
         coll = state.collection(req.collection)
-        return await run(work.search, coll, req.text, req.image_id, req.k)
+        return JSONResponse(await run(work.search, coll, req.text, req.image_id, req.k))
 
     @app.post("/api/search/upload", response_model=schemas.SearchResponse, responses=errors)
     async def search_upload(file: Annotated[UploadFile, File(description="an image: PNG, JPEG, GIF, BMP or WEBP")],
@@ -279,12 +310,12 @@ def create_app(state: ServeState, config: ServeConfig | None = None) -> FastAPI:
         coll = state.collection(collection)
         data = await file.read()
         rgb = await run(imaging.decode_upload, data, config.max_pixels)
-        return await run(work.search, coll, None, None, k, rgb)
+        return JSONResponse(await run(work.search, coll, None, None, k, rgb))
 
     @app.post("/api/steer", response_model=schemas.SteerResponse, responses=errors)
     async def steer(req: schemas.SteerRequest):
         coll = state.collection(req.collection)
-        return await run(work.steer, coll, req)
+        return JSONResponse(await run(work.steer, coll, req))
 
     @app.post("/api/cluster", response_model=schemas.Job, status_code=202, responses=errors)
     async def cluster(req: schemas.ClusterRequest):
@@ -294,7 +325,13 @@ def create_app(state: ServeState, config: ServeConfig | None = None) -> FastAPI:
         cached = coll.clusters.get(key)
 
         def job():
-            result = cached or work.cluster(coll, req.attribute, req.k, req.seed, req.per_cluster)
+            if cached:
+                result = cached
+            elif heavy is not None:  # this job thread waits; the process computes
+                result = heavy.submit("cluster", req.collection, req.attribute, req.k, req.seed,
+                                      req.per_cluster).result()
+            else:
+                result = work.cluster(coll, req.attribute, req.k, req.seed, req.per_cluster)
             coll.clusters.put(key, result)
             return result
 
@@ -306,10 +343,23 @@ def create_app(state: ServeState, config: ServeConfig | None = None) -> FastAPI:
 
     @app.post("/api/explain", response_model=schemas.ExplainResponse, responses=errors)
     async def explain(req: schemas.ExplainRequest):
+        if state.explain is not None:
+            state.explain.check_row(req.image_id)
+        return await run_explain(req.image_id, None, req.positive, req.negative, req.tree)
+
+    @app.post("/api/explain/upload", response_model=schemas.ExplainResponse, responses=errors)
+    async def explain_upload(file: Annotated[UploadFile, File(description="an image: PNG, JPEG, GIF, BMP or WEBP")],
+                             positive: Annotated[str, Form(max_length=schemas.MAX_TEXT)],
+                             negative: Annotated[str | None, Form(max_length=schemas.MAX_TEXT)] = None,
+                             tree: Annotated[bool, Form()] = True):
+        try:  # the form's texts by the same rules as ExplainRequest's (Form() alone skips their pattern)
+            form = schemas.ExplainUploadForm(positive=positive, negative=negative, tree=tree)
+        except ValidationError as e:
+            raise RequestValidationError(e.errors()) from None
         if state.explain is None:
             raise NotFound("no explain set is served (it needs an encoder with a ViT image tower)")
-        return await run(work.explain, state.explain, req.image_id, req.positive, req.negative, req.tree,
-                         executor=heavy)
+        rgb = await run(imaging.decode_upload, await file.read(), config.max_pixels)
+        return await run_explain(None, rgb, form.positive, form.negative, form.tree)
 
     @app.get("/api/images/{source}/{row}", responses={200: {"content": {"image/png": {}}}, **errors},
              response_class=Response)

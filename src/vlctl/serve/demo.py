@@ -110,6 +110,30 @@ def mad_collection(stages: Path) -> Collection:
                       ("; TEVI rerank" if tevi is not None else " (TEVI not trained yet)"))
 
 
+def _tree_tuned(stages: Path, recipe: Any, base_key: dict) -> Path:
+    """The tree fine-tune of the base: the stage the current code would ship (its key holds the
+    digest of the current trees stage); when the trees were regenerated since (another generator
+    version), the newest finished tree fine-tune of this same base, said on stderr."""
+    from vlctl.recipes.shipped import stage_dir_name
+
+    try:
+        key = recipe.shipped_stage_keys(recipe.load_preset(True), stages)["finetune_tree"]
+        return find_stage(stages, "finetune_tree", key, exact=True)
+    except VlctlError:
+        pass
+    found = [p for p in sorted(stages.glob("finetune_tree-*")) if len(p.name) == len("finetune_tree") + 13
+             and (p / "done.json").is_file()
+             and _contains(base_key, read_json(p / "done.json", "stage marker").get("key"))]
+    if not found:
+        raise VlctlError(f"{stages}: no finished 'finetune_tree' stage of the demo's base "
+                         f"{stage_dir_name('base', base_key)} (run `make demo` first)")
+    newest = max(found, key=lambda p: (p / "done.json").stat().st_mtime)
+    if len(found) > 1:
+        print(f"[vlctl] serve --demo: the trees changed since the tree fine-tunes ran; explaining with the newest "
+              f"of {len(found)}, {newest.name}", file=sys.stderr)
+    return newest
+
+
 def scenes_explain(stages: Path) -> ExplainSet:
     from vlctl.data.scenes import SCENE_OPPOSITES, load_scenes, vocabulary
     from vlctl.encoders import tiny_clip
@@ -119,7 +143,7 @@ def scenes_explain(stages: Path) -> ExplainSet:
     keys = recipe.stage_keys(recipe.load_preset(True))
     data = find_stage(stages, "data", keys["data"], exact=True) / "test"
     base = find_stage(stages, "base", keys["base"], exact=True)
-    tree = find_stage(stages, "finetune_tree", keys["base"])
+    tree = _tree_tuned(stages, recipe, keys["base"])
     test = load_scenes(data)
     labels = test["labels"]
     models = {"base": tiny_clip.load_encoder(base / "model"), "tree-tuned": tiny_clip.load_encoder(tree / "model")}

@@ -14,7 +14,8 @@ MAX_CLUSTERS = 256
 MAX_PER_CLUSTER = 64
 
 # Printable text without control characters (a query, a caption); an attribute is a short phrase.
-Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT, pattern=r"^[^\x00-\x1f\x7f]*\S[^\x00-\x1f\x7f]*$")]
+TEXT_PATTERN = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"  # (not \S: it takes a control char)
+Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT, pattern=TEXT_PATTERN)]
 Attribute = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9 _'-]*$")]
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 Row = Annotated[int, Field(ge=0, le=2**40)]
@@ -140,6 +141,14 @@ class ExplainRequest(_Strict):
     tree: bool = True
 
 
+class ExplainUploadForm(_Strict):
+    """The form fields of /api/explain/upload (beside the file)."""
+
+    positive: Text
+    negative: Text | None = None
+    tree: bool = True
+
+
 class Heatmap(BaseModel):
     method: str
     title: str
@@ -173,7 +182,7 @@ class ModelExplanation(BaseModel):
 
 
 class ExplainResponse(BaseModel):
-    image_id: int
+    image_id: int | None = Field(description="the explain set's row; null for an uploaded image")
     positive: str
     negative: str | None
     image: str

@@ -129,17 +129,23 @@ def _tree_scores(enc: Any, image: np.ndarray, levels: list[dict]) -> list[dict]:
     return out
 
 
-def explain(es: ExplainSet, row: int, positive: str, negative: str | None, tree: bool = True) -> dict:
-    """The relevancy maps of every model of the explain set for image `row` (`explain_maps`: HilaCAM
-    of P, and with a negative HilaCAM of N, Anchor and DiRe), drawn over the whole image at
-    DISPLAY_SIDE px with one colour scale per kind shared by the models (HilaCAM and Anchor: one
-    sequential scale; DiRe: one centred at 0), and the caption tree of P scored by each model."""
+def explain(es: ExplainSet, row: int | None, positive: str, negative: str | None, tree: bool = True,
+            pixels: np.ndarray | None = None) -> dict:
+    """The relevancy maps of every model of the explain set for image `row` (or the uploaded
+    `pixels`, uint8 (H, W, 3)) (`explain_maps`: HilaCAM of P, and with a negative HilaCAM of N,
+    Anchor and DiRe), drawn over the whole image at DISPLAY_SIDE px with one colour scale per kind
+    shared by the models (HilaCAM and Anchor: one sequential scale; DiRe: one centred at 0), and the
+    caption tree of P scored by each model. An upload smaller than half the display side is
+    upscaled nearest-neighbour (its pixels stay visible), a larger one smoothly."""
     from vlctl.methods.relevancy import explain_maps
     from vlctl.report.overlays import ColourScale, overlay_rgb
 
     t0 = time.perf_counter()
-    es.check_row(row)
-    image = np.ascontiguousarray(es.pixels(row))
+    if pixels is None:
+        es.check_row(row)
+        image, pixelated = np.ascontiguousarray(es.pixels(row)), es.pixelated
+    else:
+        image, pixelated = np.ascontiguousarray(pixels), max(pixels.shape[:2]) < DISPLAY_SIDE // 2
     results = {}
     with es.lock:  # HilaCAM backpropagates through the shared models
         for name, enc in es.models.items():
@@ -167,7 +173,7 @@ def explain(es: ExplainSet, row: int, positive: str, negative: str | None, tree:
         for key, title in METHODS:
             if key in r["maps"]:
                 scale = div if key == "dire" else seq
-                rgb = overlay_rgb(r["shown"], r["maps"][key], scale, r["region"], size=size, pixelated=es.pixelated)
+                rgb = overlay_rgb(r["shown"], r["maps"][key], scale, r["region"], size=size, pixelated=pixelated)
                 heat.append({"method": key, "title": title, "image": imaging.data_url(imaging.png(rgb))})
         tree_rows = None
         if levels is not None:
@@ -184,6 +190,6 @@ def explain(es: ExplainSet, row: int, positive: str, negative: str | None, tree:
     if negative is not None:
         bars.append({"method": "dire", "label": div.label, "vmin": div.vmin, "vmax": div.vmax,
                      "image": imaging.data_url(imaging.colour_bar(div))})
-    plain = overlay_rgb(shown, None, size=size, pixelated=es.pixelated)
+    plain = overlay_rgb(shown, None, size=size, pixelated=pixelated)
     return {"image_id": row, "positive": positive, "negative": negative, "image": imaging.data_url(imaging.png(plain)),
             "models": models, "colour_bars": bars, "seconds": time.perf_counter() - t0, "tree_note": tree_note}

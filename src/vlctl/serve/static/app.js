@@ -217,6 +217,7 @@ $("cluster-attribute").addEventListener("change", cluster);
 // -- Explain -------------------------------------------------------------------------------------
 function explainPick(id) {
   $("explain-id").value = id;
+  $("explain-file").value = "";  // a picked image replaces an uploaded one
   const ex = INFO.explain.examples.find((x) => x.id === id);
   if (ex && ex.caption) $("explain-positive").value = ex.caption;
 }
@@ -226,9 +227,19 @@ async function explain() {
   const neg = $("explain-negative").value.trim();
   if (neg) body.negative = neg;
   if (!body.positive) { status("give a positive caption", true); return; }
+  const file = $("explain-file").files[0];
   status("computing relevancy maps\u2026");
   try {
-    const r = await api("/api/explain", body);
+    let r;
+    if (file) {  // the upload is typed and limited by the server, as in Search
+      const form = new FormData();
+      form.append("file", file);
+      form.append("positive", body.positive);
+      if (body.negative) form.append("negative", body.negative);
+      r = await api("/api/explain/upload", form, true);
+    } else {
+      r = await api("/api/explain", body);
+    }
     const bars = el("div", { class: "bars" }, ...r.colour_bars.map((b) => el("figure", {},
       el("img", { src: b.image, alt: `colour bar: ${b.label}` }),
       el("div", { class: "ends" }, el("span", { text: b.vmin.toPrecision(3) }), el("span", { text: b.vmax.toPrecision(3) })),
@@ -255,7 +266,7 @@ async function explain() {
       return box;
     });
     $("explain-results").replaceChildren(...[
-      el("div", { class: "row" }, el("img", { src: r.image, alt: `image ${r.image_id}`, class: "heatmap", width: "192", height: "192" }), bars),
+      el("div", { class: "row" }, el("img", { src: r.image, alt: r.image_id == null ? "the uploaded image" : `image ${r.image_id}`, class: "heatmap", width: "192", height: "192" }), bars),
       r.tree_note ? el("p", { class: "hint", text: r.tree_note }) : null,
       el("div", { class: "models" }, ...models)].filter((x) => x));
     status(`explained in ${r.seconds.toFixed(2)} s`);
