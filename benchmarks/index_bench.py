@@ -13,7 +13,8 @@ Each index kind is built in its own subprocess (`--one KIND`), so the peak resid
 reports (ru_maxrss) is that kind's alone. Build time = `create_gallery(...).add(all rows)`: the
 FAISS build (IVF-PQ training included) plus writing the shard, metadata, index and manifest with
 their sha256. Latency = one `Gallery.search(query, k)` call per query (Python overhead, IVF-PQ's
-exact re-scoring of k * refine candidates included), p50 / p99 over `--queries` queries.
+exact re-scoring of k * refine candidates included; with --target-recall, at the nprobe / refine
+the build tuned on the store's own rows), p50 / p99 over `--queries` queries.
 Recall@10 = |top-10 ∩ exact top-10| / 10, averaged, exact top-10 by brute force in numpy.
 Search throughput = queries per second of one batched `search` over all queries. Peak memory
 is the process's VmHWM: the gallery's rows are memory-mapped, so it counts the pages touched
@@ -82,13 +83,16 @@ def run_one(kind: str, data_path: Path, queries_path: Path, truth_path: Path, wo
     truth = np.load(truth_path)
     cfg = {
         "flat": IndexConfig(kind="flat"),
-        "ivfpq": IndexConfig(kind="ivfpq", nlist=args.nlist, pq_m=args.pq_m, nprobe=args.nprobe, refine=args.refine),
+        "ivfpq": IndexConfig(kind="ivfpq", nlist=args.nlist, pq_m=args.pq_m, nprobe=args.nprobe, refine=args.refine,
+                             target_recall=getattr(args, "target_recall", 0.0)),
         "hnsw": IndexConfig(kind="hnsw", hnsw_m=32, ef_search=args.ef_search),
     }[kind]
     rss0 = _proc_status_mb("VmRSS")
+    faiss.omp_set_num_threads(getattr(args, "build_threads", args.threads))
     t = time.perf_counter()
     gallery = create_gallery(work / kind, "synthetic@bench", data.shape[1], cfg).add(data)
     build_s = time.perf_counter() - t
+    faiss.omp_set_num_threads(args.threads)
     del gallery
     gallery = open_gallery(work / kind)
     gallery.search(queries[:1], k=args.k)  # load the index from disk, warm up
@@ -106,6 +110,7 @@ def run_one(kind: str, data_path: Path, queries_path: Path, truth_path: Path, wo
     return {
         "kind": kind,
         "config": {k: v for k, v in gallery.manifest["index"]["config"].items()},
+        "tuned": gallery.tuned,  # the (nprobe, refine) the build picked on its own sample (target_recall > 0)
         "n": int(data.shape[0]),
         "dim": int(data.shape[1]),
         "build_s": round(build_s, 2),
@@ -185,6 +190,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--nprobe", type=int, default=32, help="ivfpq lists probed per query (default: 32)")
     p.add_argument("--refine", type=int, default=50, help="ivfpq exact re-scoring of k*refine candidates (default: 50)")
     p.add_argument("--ef-search", type=int, default=64, help="hnsw efSearch (default: 64)")
+    p.add_argument("--target-recall", type=float, default=0.0,
+                   help="ivfpq: tune nprobe <= --nprobe and refine <= --refine at build to this recall@10 on the "
+                   "store's own held-out rows (IndexConfig.target_recall; default 0: no tuning)")
     p.add_argument(
         "--threads",
         type=int,
@@ -258,6 +266,8 @@ def main(argv: list[str] | None = None) -> dict:
             str(args.nprobe),
             "--refine",
             str(args.refine),
+            "--target-recall",
+            str(args.target_recall),
             "--ef-search",
             str(args.ef_search),
             "--threads",

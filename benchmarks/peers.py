@@ -199,26 +199,34 @@ class Trainer:
 
 
 class VlctlTrainer(Trainer):
-    """vlctl's TopK SAE trained exactly as SparseAutoencoder.fit does: geometric-median b_pre,
-    AuxK loss on dead latents, decoder-gradient projection (tensor hook) and unit-norm decoder rows
-    before each forward."""
+    """vlctl's TopK SAE trained exactly as SparseAutoencoder.fit does: geometric-median b_pre, and
+    each step is fit's own loss_fn (`FitLoss`: unit-norm decoder rows, then the sparse forward with
+    AuxK on dead latents), the decoder-gradient projection hook, then the loop's AdamW step."""
 
     name = "vlctl"
 
     def __init__(self, x, d1, k, lr, total_steps, seed=0):
-        from vlctl.methods.sae import TopKSAE, TopKSAEConfig, geometric_median
+        from vlctl.methods.sae import FitLoss, TopKSAE, TopKSAEConfig, geometric_median
 
         cfg = TopKSAEConfig(d=x.shape[1], d_latent=d1, k=k, seed=seed)
         model = TopKSAE(cfg, seed=seed)
         with torch.no_grad():
             model.b_pre.copy_(geometric_median(x).float())
         model.W_D.register_hook(model._project)
+        self.loss_fn = FitLoss(cfg)
         super().__init__(model, model.parameters(), lr, total_steps)
 
-    def forward_loss(self, x):
-        self.model.normalize_decoder()
-        out = self.model(x)
-        return out.x_hat, out.loss
+    def step(self, x: torch.Tensor) -> float:
+        # The loop's step (vlctl.train.loop.train) around fit's loss_fn. Its logged nmse is the batch
+        # FVU of this forward (_normalised_mse is _fvu with a detached denominator).
+        for g in self.opt.param_groups:
+            g["lr"] = self.lr * self.mult(self.t)
+        self.t += 1
+        loss, metrics = self.loss_fn(self.model, x)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        return metrics["nmse"]
 
     @torch.no_grad()
     def codes(self, x):
@@ -352,12 +360,16 @@ def bench_sae(quick: bool) -> None:
                        "fvu_eval": round(_fvu(x_eval, xh), 4), "fvu_train_last5": round(float(np.mean(curves[t.name][-5:])), 4),
                        "dead_latents_eval": int(((z != 0).sum(0) == 0).sum()),
                        "l0_eval": round(float((z != 0).sum(1).float().mean()), 2),
-                       "flops_per_step": 12 * batch * d * d1}
+                       # Dense autograd: 6 (B, d) x (d, d1)-sized GEMMs. vlctl's sparse step: the encoder
+                       # GEMM, then 4 products over the K active latents (decode, its 2 gradients, W_E's).
+                       "flops_per_step": 2 * batch * d * d1 + 8 * batch * k * d if t.name == "vlctl" else
+                       12 * batch * d * d1}
     settings = {"embeddings": f"{n} x {d} CLIP-like (clip_like, seed 0), eval on {n_eval} held-out rows",
                 "d1": d1, "k": k, "batch": batch, "steps": steps, "lr": lr,
                 "optimizer": "AdamW betas (0.9, 0.999) eps 1e-6 wd 0, cosine to 0 (vlctl's loop)",
-                "loss": "vlctl: nmse + AuxK/32 with decoder projection and renorm (as fit); peers: their module's "
-                        "forward with the same normalised MSE (saev: its own MSE + L1 loss)",
+                "loss": "vlctl: fit's own loss_fn (FitLoss: renorm, sparse forward, nmse + AuxK/32) and decoder "
+                        "projection; peers: their module's forward with the same normalised MSE (saev: its own "
+                        "MSE + L1 loss)",
                 "timing": "lockstep (one step of every trainer in turn), median step time",
                 "vlctl_setup_s (geometric median b_pre)": round(vlctl_setup_s, 2),
                 "torch_threads": torch.get_num_threads()}
@@ -373,9 +385,9 @@ def bench_sae(quick: bool) -> None:
         why = ""
         if ratio < 1:
             why = ("vlctl's step does more than the peer's bare module forward: it projects the decoder gradient, "
-                   "renormalises the decoder rows, tracks firing counts, and back-propagates b_pre through the encoder "
-                   "with a full (B, d1) x (d1, d) GEMM (computable as a GEMV); AuxK adds a second top-k and decode "
-                   "once latents are dead (none are within these steps)")
+                   "renormalises the decoder rows, tracks firing counts and runs AuxK once latents are dead; its "
+                   "decode and backward are sparse (one dense GEMM per step), so this should not happen on a quiet "
+                   "machine")
         if not same:
             why = ("not the same computation: saev 0.1.0 has no TopK SAE (ReLU + L1, dense codes), so its FVU and "
                    "dead latents are not comparable; time shown for reference. " + why).strip()
@@ -466,21 +478,41 @@ def _vmhwm_mb() -> float:
     return float("nan")
 
 
+INDEX_TARGET_RECALL = 0.95  # vlctl's IndexConfig.target_recall in the index row (recall@10 on its own rows)
+INDEX_NOT_RUN = ("HNSW32 and OPQ64,IVF,PQ64 are not built: on 2 cores an HNSW graph over 1M x 512 alone takes "
+                 "longer than the whole 20-min run, and OPQ's rotation training adds minutes; IVF,PQ64,RFlat is "
+                 "the string FAISS's guidelines give for 1M vectors with exact re-ranking, the same design as vlctl's")
+
+
+def _single_query_ms(search, queries: np.ndarray) -> list[float]:
+    out = []
+    for i in range(len(queries)):
+        t = time.perf_counter()
+        search(queries[i : i + 1])
+        out.append(1000 * (time.perf_counter() - t))
+    return out
+
+
 def index_child(kind: str, work: Path, k: int, nlist: int, target_recall: float | None) -> dict:
-    """One index build and its measurements, in its own process (so VmHWM is its own)."""
+    """One index build and its measurements, in its own process (so VmHWM is its own). Builds use
+    both cores (faiss OpenMP 2, the same for both sides); every search runs on 1 thread."""
     import faiss
 
-    faiss.omp_set_num_threads(1)
     torch.set_num_threads(1)
     if kind == "vlctl":
         import index_bench
 
-        args = argparse.Namespace(k=k, nlist=nlist, pq_m=64, nprobe=32, refine=50, ef_search=64, threads=1)
+        # nprobe / refine are the most the build's tuning may pick; it picks the cheapest setting that
+        # reaches INDEX_TARGET_RECALL on its own held-out rows (vlctl.embeddings.tuning).
+        args = argparse.Namespace(k=k, nlist=nlist, pq_m=64, nprobe=32, refine=50, ef_search=64, threads=1,
+                                  build_threads=2, target_recall=INDEX_TARGET_RECALL)
         return index_bench.run_one("ivfpq", work / "data.npy", work / "queries.npy", work / "truth.npy", work, args)
+    ours = json.loads((work / "vlctl.json").read_text())
     data = np.load(work / "data.npy", mmap_mode="r")
     queries, truth = np.load(work / "queries.npy"), np.load(work / "truth.npy")
     tune_q, tune_truth = np.load(work / "tune_queries.npy"), np.load(work / "tune_truth.npy")
     n, dim = data.shape
+    faiss.omp_set_num_threads(2)
     t0 = time.perf_counter()
     index = faiss.index_factory(dim, kind, faiss.METRIC_INNER_PRODUCT)
     # The same training sample as vlctl's gallery (vlctl.embeddings.search.new_index: 100k rows,
@@ -491,32 +523,66 @@ def index_child(kind: str, work: Path, k: int, nlist: int, target_recall: float 
     for s in range(0, n, 100_000):
         index.add(np.ascontiguousarray(data[s : s + 100_000]))
     build_s = time.perf_counter() - t0
-    # faiss.ParameterSpace: explore nprobe (and k_factor of a refine stage) on TUNING queries, not the
-    # test queries; take the fastest operating point whose recall@k reaches vlctl's, else the best.
+    faiss.omp_set_num_threads(1)
+    # faiss.ParameterSpace on the TUNING queries (never the test queries): its own ranges for nprobe and
+    # k_factor_rf (k_factor_rf=1 is the plain IVF-PQ answer, re-scored but not re-ranked: the same top-k
+    # set), less "ht", the polysemous Hamming threshold: the codes are not trained polysemous (PQ64np),
+    # so it only drops candidates, and its 17 values would multiply the space 17-fold.
+    full = faiss.ParameterSpace()
+    full.initialize(index)
     ps = faiss.ParameterSpace()
-    ps.initialize(index)
-    ps.n_experiments = 48  # explore() skips dominated settings; 48 runs cover nprobe x k_factor here
+    for i in range(full.parameter_ranges.size()):
+        pr = full.parameter_ranges.at(i)
+        if pr.name != "ht":
+            new = ps.add_range(pr.name)
+            for j in range(pr.values.size()):
+                new.values.push_back(pr.values.at(j))
+    ps.n_experiments = 32
     crit = faiss.IntersectionCriterion(len(tune_q), k)
     crit.set_groundtruth(None, tune_truth.astype(np.int64))
     crit.nnn = k
     ops = ps.explore(index, tune_q, crit)
     pts = [ops.optimal_pts.at(i) for i in range(ops.optimal_pts.size())]
-    ok = [p for p in pts if target_recall is None or p.perf >= target_recall]
-    pick = min(ok, key=lambda p: p.t) if ok else max(pts, key=lambda p: p.perf)
-    ps.set_index_parameters(index, pick.key)
-    index.search(queries[:1], k)
-    lat, ids = [], np.empty((len(queries), k), np.int64)
-    for i in range(len(queries)):
-        t = time.perf_counter()
-        ids[i] = index.search(queries[i : i + 1], k)[1][0]
-        lat.append(time.perf_counter() - t)
-    recall = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ids, truth)]))
+    pts = [p for p in pts if p.key]  # the empty key is explore()'s (0, 0) anchor
+    # explore() times batched searches; the row compares single queries, so each optimal point's
+    # single-query p50 is measured on the tuning queries too (interleaved: load hits all alike).
+    lat = np.zeros((len(pts), len(tune_q)))
+    for j in range(len(tune_q)):
+        for i, p in enumerate(pts):
+            ps.set_index_parameters(index, p.key)
+            t = time.perf_counter()
+            index.search(tune_q[j : j + 1], k)
+            lat[i, j] = 1000 * (time.perf_counter() - t)
+    p50 = np.median(lat, axis=1)
+    need = ours[f"recall@{k}"] if target_recall is None else target_recall
+    reach = [i for i, p in enumerate(pts) if p.perf >= need - 1e-9]
+    # Equal recall: the fastest point whose tuning recall reaches vlctl's test recall (else the best).
+    eq_recall = min(reach, key=lambda i: p50[i]) if reach else max(range(len(pts)), key=lambda i: pts[i].perf)
+    # Equal latency: the best tuning recall among the points no slower than vlctl's test p50 (else the fastest).
+    within = [i for i in range(len(pts)) if p50[i] <= ours["latency_ms_p50"]]
+    eq_latency = max(within, key=lambda i: (pts[i].perf, -p50[i])) if within else int(np.argmin(p50))
+
+    def measure(i: int) -> dict:
+        ps.set_index_parameters(index, pts[i].key)
+        index.search(queries[:1], k)
+        ids = np.empty((len(queries), k), np.int64)
+
+        def one(q):
+            ids[one.i] = index.search(q, k)[1][0]
+            one.i += 1
+
+        one.i = 0
+        ms = _single_query_ms(one, queries)
+        recall = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ids, truth)]))
+        return {"params": pts[i].key, "tuned_recall": round(pts[i].perf, 4), "tuned_p50_ms": round(float(p50[i]), 4),
+                "latency_ms_p50": round(float(np.percentile(ms, 50)), 4),
+                "latency_ms_p99": round(float(np.percentile(ms, 99)), 4), f"recall@{k}": round(recall, 4)}
+
     buf = faiss.serialize_index(index)
-    return {"kind": kind, "params": pick.key, "tuned_recall": round(pick.perf, 4), "build_s": round(build_s, 2),
-            "index_bytes": int(buf.size), "peak_rss_mb": _vmhwm_mb(),
-            "latency_ms_p50": round(1000 * float(np.percentile(lat, 50)), 3),
-            "latency_ms_p99": round(1000 * float(np.percentile(lat, 99)), 3), f"recall@{k}": round(recall, 4),
-            "operating_points": [(p.key, round(p.perf, 4), round(1000 * p.t / len(tune_q), 4)) for p in pts]}
+    return {"kind": kind, "build_s": round(build_s, 2), "index_bytes": int(buf.size), "peak_rss_mb": _vmhwm_mb(),
+            "equal_recall": measure(eq_recall), "equal_latency": measure(eq_latency),
+            "operating_points": [(p.key, round(p.perf, 4), round(float(t), 4)) for p, t in zip(pts, p50)],
+            "explore_experiments": ps.n_experiments}
 
 
 def bench_index(quick: bool, n: int | None) -> None:
@@ -524,7 +590,10 @@ def bench_index(quick: bool, n: int | None) -> None:
 
     n = n or (50_000 if quick else 1_000_000)
     nlist, k, n_q, n_tune = (128 if quick else 1024), 10, (100 if quick else 300), (100 if quick else 200)
-    factories = [f"IVF{nlist},PQ64,RFlat", f"IVF{nlist},PQ64"]
+    # Built once: k_factor_rf=1 of it is the plain IVF,PQ64 answer. "np": no polysemous training, which
+    # took ~9 of this row's 14 min in a loaded run and only serves the Hamming pre-filter "ht", which
+    # ParameterSpace had left all but off (ht=220 of 512 bits) at its chosen point.
+    fac = f"IVF{nlist},PQ64np,RFlat"
     with tempfile.TemporaryDirectory(prefix="peers_index.") as tmp:
         work = Path(tmp)
         data = np.lib.format.open_memmap(work / "data.npy", mode="w+", dtype=np.float32, shape=(n, 512))
@@ -536,38 +605,52 @@ def bench_index(quick: bool, n: int | None) -> None:
             np.save(work / f"{name.replace('queries', 'truth')}.npy", index_bench.exact_topk(data, q, k))
         del data
 
-        def child(kind, target=None):
+        def child(kind):
             cmd = [sys.executable, __file__, "--index-child", kind, "--work", str(work), "--nlist", str(nlist)]
-            if target is not None:
-                cmd += ["--target-recall", str(target)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True)
             return json.loads(out.stdout.strip().splitlines()[-1])
 
         ours = child("vlctl")
-        for fac in factories:
-            theirs = child(fac, ours[f"recall@{k}"])
-            same_recall = theirs[f"recall@{k}"] >= ours[f"recall@{k}"] - 0.005
-            ratio = theirs["latency_ms_p50"] / ours["latency_ms_p50"]
-            why = ""
-            if not same_recall:
-                ratio_note = "FAISS cannot reach vlctl's recall with this string (no exact re-scoring); "
-                why = ratio_note + "the latency ratio compares a less accurate index" if ratio < 1 else ratio_note
-            elif ratio < 1:
-                why = (f"vlctl's gallery searches with fixed defaults (nprobe=32, exact re-scoring of {k}x50 "
-                       "candidates read from the memory-mapped shard, Python work per call), while ParameterSpace "
-                       f"finds a much cheaper FAISS setting ({theirs['params']}) that reaches the same recall on "
-                       "these clustered vectors: vlctl does not tune nprobe / refine to the data")
-            row("index: single-query latency at equal recall@10 (p50)",
-                {k_: ours[k_] for k_ in ("build_s", "index_bytes", "peak_rss_mb", "latency_ms_p50", "latency_ms_p99",
-                                         f"recall@{k}", "config")},
-                {"name": f"faiss-cpu 1.15.1 index_factory('{fac}')", **theirs}, ratio,
-                {"vectors": f"{n} x 512 synthetic (index_bench.synthetic: 1000 clusters, sigma 0.6)",
-                 "queries": f"{n_q} test, {n_tune} tuning (separate draws)", "threads": 1,
-                 "train_sample": "the same 100k fixed-seed rows", "recall_equal_or_better": theirs[f"recall@{k}"] <=
-                 ours[f"recall@{k}"] + 0.005, "faiss_reaches_vlctl_recall": same_recall,
-                 "why_this_size": "1M x 512 float32 is 2 GB; each build runs in its own process on 1 thread, "
-                                  f"nlist={nlist} (4*sqrt(n) would be {int(4 * math.sqrt(n))}; kept at vlctl's "
-                                  "measured setting so the builds finish on 2 shared cores)"}, why)
+        (work / "vlctl.json").write_text(json.dumps(ours))
+        theirs = child(fac)
+    rk = f"recall@{k}"
+    vl = {k_: ours[k_] for k_ in ("build_s", "index_bytes", "peak_rss_mb", "latency_ms_p50", "latency_ms_p99", rk,
+                                  "tuned")}
+    peer = {"name": f"faiss-cpu 1.15.1 index_factory('{fac}') + ParameterSpace", "build_s": theirs["build_s"],
+            "index_bytes": theirs["index_bytes"], "peak_rss_mb": theirs["peak_rss_mb"],
+            "operating_points": theirs["operating_points"]}
+    settings = {
+        "vectors": f"{n} x 512 synthetic (index_bench.synthetic: 1000 clusters, sigma 0.6)",
+        "queries": f"{n_q} test queries; FAISS tuned on {n_tune} other draws of the same distribution, vlctl on "
+                   f"{ours['tuned']['queries']} of its own stored rows (each held out of its own answer)",
+        "vlctl": f"IndexConfig(kind=ivfpq, nlist={nlist}, pq_m=64, nprobe<=32, refine<=50, "
+                 f"target_recall={INDEX_TARGET_RECALL}): tuned at build to nprobe={ours['tuned']['nprobe']}, "
+                 f"refine={ours['tuned']['refine']} (own-sample recall {ours['tuned']['recall']})",
+        "threads": "builds on 2 (both sides), every search on 1", "train_sample": "the same 100k fixed-seed rows",
+        "nlist": f"{nlist} for both (FAISS's 4*sqrt(n) would be {int(4 * math.sqrt(n))}): k-means training cost "
+                 "grows with nlist, and these clustered vectors reach the target at nprobe 1-2 already",
+        "parameter_space": f"{theirs['explore_experiments']} explore() experiments over FAISS's own nprobe and "
+                           "k_factor_rf ranges (ht dropped: PQ64np codes are not polysemous-trained; polysemous "
+                           "training took ~9 of the row's 14 min in a loaded run, for a filter left near off)",
+        "not_run": INDEX_NOT_RUN,
+    }
+    eq_r, eq_l = theirs["equal_recall"], theirs["equal_latency"]
+    ratio = eq_r["latency_ms_p50"] / ours["latency_ms_p50"]
+    same = eq_r[rk] >= ours[rk] - 0.005
+    why = ""
+    if not same:
+        why = "FAISS reached vlctl's recall on none of its operating points; the latency ratio compares a less " \
+              "accurate FAISS setting"
+    elif ratio < 1:
+        why = (f"at the same recall FAISS's C++ search ({eq_r['params']}) is faster per query: vlctl's search adds "
+               "its Python input checks and reads the candidate rows from the memory-mapped shard")
+    row("index: single-query latency at equal recall@10 (p50)", vl, {**peer, **eq_r}, ratio,
+        {**settings, "faiss_reaches_vlctl_recall": same}, why)
+    ratio = ours[rk] / max(eq_l[rk], 1e-9)
+    why = "" if ratio >= 1 else (f"within vlctl's p50 of {ours['latency_ms_p50']} ms FAISS ({eq_l['params']}) "
+                                 "re-ranks more candidates: its refine stage is C++ over an in-memory copy")
+    row("index: recall@10 at equal single-query latency (vlctl recall / FAISS recall)", vl, {**peer, **eq_l}, ratio,
+        {**settings, "faiss_p50_within_vlctl_p50": eq_l["latency_ms_p50"] <= ours["latency_ms_p50"]}, why)
     row("index (autofaiss)", {}, {"name": "autofaiss"}, None, {}, NOT_RUNNABLE["autofaiss"])
 
 
@@ -604,7 +687,7 @@ def bench_hilacam(quick: bool) -> None:
 
     enc = create("open_clip:ViT-B-32", batch_size=64)
     model = enc.model.eval()
-    n_loop, n_batch = (2, 4) if quick else (8, 32)
+    n_loop, n_batch = (2, 32) if quick else (8, 32)  # batch 32 in both: the issue's target is at batch 32
     g = torch.Generator().manual_seed(0)
     images = torch.randn(n_batch, 3, 224, 224, generator=g)
     prompts = [f"a photo of a {w}" for w in ("dog", "cat", "car", "tree", "house", "bird", "boat", "chair")]
@@ -633,9 +716,13 @@ def bench_hilacam(quick: bool) -> None:
                 "images": f"loop and batch 1 on {n_loop}, batch {n_batch} on {n_batch} (ms per image)",
                 "max_rel_map_diff": diff, "maps_equal (rel 1e-4)": max(diff.values()) < 1e-4,
                 "timing": "interleaved, best of 2", "torch_threads": torch.get_num_threads()}
+    # The loop costs a forward of both towers and one backward per block (12 partial backwards, 6.5
+    # full ones on average) per image; hila_cam one forward and one backward per batch: about 4.3x
+    # fewer flops at equal GEMM efficiency, the rest of the ratio is the larger GEMMs of a batch.
     for label, key in (("batch 1", "b1"), (f"batch {n_batch}", "b32")):
         ratio = ms["ref"] / ms[key]
-        row(f"HilaCAM {label} vs per-image per-prompt loop (ms/image)", {"ms_per_image": round(ms[key], 1)},
+        target = " (target >= 5x)" if key == "b32" else ""
+        row(f"HilaCAM {label} vs per-image per-prompt loop (ms/image){target}", {"ms_per_image": round(ms[key], 1)},
             {"name": "reference notebook loop", "ms_per_image": round(ms["ref"], 1)}, ratio, settings,
             "" if ratio >= 1 else "batching does not pay on this CPU at this load")
     row(f"HilaCAM batching alone (batch {n_batch} vs vlctl batch 1)", {"ms_per_image": round(ms["b32"], 1)},

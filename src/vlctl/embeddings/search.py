@@ -38,6 +38,15 @@ class IndexConfig:
     nprobe: int = opt(32, "ivfpq: inverted lists visited per query (recall vs speed)", ge=1, le=2**24)
     refine: int = opt(50, "ivfpq: re-score k * refine candidates exactly from the stored embeddings (1 = off)",
                       ge=1, le=10_000)
+    target_recall: float = opt(
+        0.0, "ivfpq: at each add, pick the cheapest nprobe <= --index-nprobe and refine <= --index-refine whose "
+        "recall@10 on held-out queries sampled from the stored rows reaches this, e.g. 0.95 (recorded in the "
+        "manifest, used by every search). It holds for queries like the stored rows (image to image); queries "
+        "far from them (text queries across CLIP's modality gap) may need more: 0 (default) = no tuning",
+        ge=0.0, le=1.0,
+    )
+    tune_queries: int = opt(256, "ivfpq: stored rows sampled as held-out tuning queries (see target_recall)",
+                            ge=1, le=100_000)
     train_size: int = opt(100_000, "ivfpq: rows of the first add sampled to train the quantisers (at least 39 * nlist)",
                           ge=1, le=10**9)
     hnsw_m: int = opt(32, "hnsw: graph neighbours per node", ge=1, le=1024)
@@ -98,9 +107,10 @@ def new_index(cfg: IndexConfig, dim: int, first: np.ndarray | None):
     return index
 
 
-def set_search_params(index, cfg: IndexConfig) -> None:
+def set_search_params(index, cfg: IndexConfig, tuned: dict | None = None) -> None:
+    """The config's search parameters on `index`; for ivfpq the tuned nprobe where the store has one."""
     if cfg.kind == "ivfpq":
-        index.nprobe = cfg.nprobe
+        index.nprobe = int(tuned["nprobe"]) if tuned else cfg.nprobe
     elif cfg.kind == "hnsw":
         index.hnsw.efSearch = cfg.ef_search
 
@@ -122,3 +132,62 @@ def normalise(x: np.ndarray, what: str, divide: bool = True) -> np.ndarray:
     if (norms == 0).any():
         raise VlctlError(f"{what}: row {int(np.flatnonzero(norms[:, 0] == 0)[0])} is all zeros (cannot normalise)")
     return x / norms
+
+
+def refine_exact(q: np.ndarray, ids: np.ndarray, arrays: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top k of each query's candidates `ids` (q, c) by exact inner product with their stored rows
+    (`arrays`: the store's shards; row numbers run on across them). -1 candidates are dropped;
+    FAISS puts them last, after every row it found. Returns (scores, ids), (q, min(k, c)), best
+    first; -1 / -inf where fewer than k candidates were rows.
+
+    One shard (the usual store): FAISS's own re-ranking kernel (`knn_inner_products_by_idx`)
+    reads the candidate rows straight from the memory-mapped shard in C++, no copy of them. Else
+    one gather of every candidate row and a batched matrix-vector product in numpy."""
+    kk = min(k, ids.shape[1])
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    if len(arrays) == 1 and arrays[0].flags.c_contiguous and arrays[0].dtype == np.float32:
+        faiss, y = faiss_module(), arrays[0]
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        # ld_ids (the last argument) given: with its default -1, faiss 1.15.1 reads the wrong ids for every
+        # query after the first (tests/test_search_tuning.py checks the kernel against numpy).
+        scores, out = np.empty((len(q), kk), np.float32), np.empty((len(q), kk), np.int64)
+        faiss.knn_inner_products_by_idx(faiss.swig_ptr(q), faiss.swig_ptr(y), faiss.swig_ptr(ids), q.shape[1],
+                                        len(q), len(y), ids.shape[1], kk, faiss.swig_ptr(scores), faiss.swig_ptr(out),
+                                        ids.shape[1])
+        return np.where(out >= 0, scores, np.float32(-np.inf)), out
+    valid = ids >= 0
+    flat = np.where(valid, ids, 0).ravel()
+    order = np.argsort(flat, kind="stable")  # the shard read in file order
+    rows = np.empty((flat.size, q.shape[1]), np.float32)
+    rows[order] = row_reader(arrays)(flat[order])
+    scores = np.matmul(rows.reshape(*ids.shape, -1), q[:, :, None])[:, :, 0]
+    scores[~valid] = -np.inf
+    if kk < ids.shape[1]:
+        part = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
+        part.sort(axis=1)  # candidate order among the kept, so ties keep it
+    else:
+        part = np.broadcast_to(np.arange(kk), (len(ids), kk))
+    top_s = np.take_along_axis(scores, part, 1)
+    best = np.argsort(-top_s, axis=1, kind="stable")
+    top_i = np.take_along_axis(np.take_along_axis(ids, part, 1), best, 1)
+    top_s = np.take_along_axis(top_s, best, 1)
+    return top_s, np.where(top_s > -np.inf, top_i, -1)
+
+
+def row_reader(arrays: list[np.ndarray]):
+    """`read(ids) -> (m, dim)` float32 rows of the shards `arrays` (row numbers run on across them);
+    ids must be valid. One shard (the usual store): a single fancy index of its memory map."""
+    if len(arrays) == 1:
+        arr = arrays[0]
+        return lambda ids: np.asarray(arr[ids])
+    offsets = np.cumsum([0] + [len(a) for a in arrays])
+
+    def read(ids: np.ndarray) -> np.ndarray:
+        out = np.empty((len(ids), arrays[0].shape[1]), np.float32)
+        shard = np.searchsorted(offsets, ids, side="right") - 1
+        for s in np.unique(shard):
+            sel = shard == s
+            out[sel] = arrays[s][ids[sel] - offsets[s]]
+        return out
+
+    return read

@@ -65,6 +65,7 @@ from vlctl.embeddings.search import (
     faiss_module,
     new_index,
     normalise,
+    refine_exact,
     set_search_params,
 )
 from vlctl.embeddings.table import (
@@ -76,6 +77,7 @@ from vlctl.embeddings.table import (
     shard_record,
     write_shard,
 )
+from vlctl.embeddings.tuning import tune_store
 from vlctl.io import (
     VlctlError,
     atomic_write_bytes,
@@ -242,9 +244,15 @@ class Store:
                 raise VlctlError(
                     f"{file}: index holds {index.ntotal} x {index.d}, manifest says {len(self)} x {self.dim}"
                 )
-            set_search_params(index, self.config)
+            set_search_params(index, self.config, self.tuned)
             self._index = index
         return self._index
+
+    @property
+    def tuned(self) -> dict | None:
+        """The search parameters the last add picked (`vlctl.embeddings.tuning`): {"nprobe", "refine",
+        "recall", ...}; None for an untuned store (another kind, target_recall 0, or an older vlctl)."""
+        return self.manifest["index"].get("tuned")
 
     def _read_index(self, file: Path):
         record = self.manifest["index"]
@@ -313,14 +321,16 @@ class Store:
             )
         if len(self) == 0:
             return SearchResult(np.full((len(q), k), -1, np.int64), np.full((len(q), k), -np.inf, np.float32))
-        if reranker is None and self.config.kind == "ivfpq" and self.config.refine > 1:
-            reranker, candidates = exact_rerank, k * self.config.refine
-        n_cand = min(k if reranker is None else max(k, candidates or 100), len(self))
+        refine = int(self.tuned["refine"]) if self.tuned else self.config.refine
+        refine = refine if reranker is None and self.config.kind == "ivfpq" else 1
+        n_cand = min(k * refine if reranker is None else max(k, candidates or 100), len(self))
         if self.index is None:
             scores, ids = self._exact_search(q, n_cand)
         else:
             scores, ids = self.index.search(q, n_cand)
-        if reranker is not None:
+        if refine > 1:  # ivfpq: the k best of the k * refine candidates by their exact scores
+            scores, ids = refine_exact(q, ids, self.images_table._arrays, k)
+        elif reranker is not None:
             scores = np.asarray(reranker(q, ids, self), dtype=np.float32)
             if scores.shape != ids.shape:
                 raise VlctlError(f"search: reranker returned scores of shape {scores.shape}, expected {ids.shape}")
@@ -332,8 +342,8 @@ class Store:
             pad = k - ids.shape[1]
             ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=-1)
             scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
-        scores = np.where(ids >= 0, scores, -np.inf).astype(np.float32)
-        return SearchResult(ids.astype(np.int64), scores)
+        scores = np.where(ids >= 0, scores, np.float32(-np.inf)).astype(np.float32, copy=False)
+        return SearchResult(ids.astype(np.int64, copy=False), scores)
 
     def search_texts(self, encoder: Any, texts: Sequence[str], k: int = 10, **kw: Any) -> SearchResult:
         """Embed `texts` with `encoder` (must be the store's encoder) and search."""
@@ -430,6 +440,7 @@ class Store:
                     index = new_index(self.config, self.dim, x)
                 write_shard(self.path, emb_name, x, self.dim, index, "image", normalized)
                 atomic_write_text(self.path / meta_name, meta_text)
+                tuned = tune_store(self.config, index, [*self.images_table._arrays, np.load(self.path / emb_name, mmap_mode="r")])
                 manifest["shards"] = [*self.manifest["shards"], shard_record(self.path, n, emb_name, meta_name)]
                 manifest["count"] = total
                 if index is not None:
@@ -442,6 +453,7 @@ class Store:
                         "sha256": sha256_file(self.path / index_name),
                         "fast": fast_hash_file(self.path / index_name),
                         "faiss_type": type(index).__name__,
+                        **({"tuned": tuned} if tuned else {}),
                     }
             if m:
                 old = self.manifest.get("texts", {"count": 0, "shards": []})
@@ -463,6 +475,8 @@ class Store:
         atomic_write_json(self.path / MANIFEST, manifest)
         new = Store(self.path, manifest)
         new._index = index
+        if index is not None:  # a fresh index has FAISS's defaults (nprobe 1), not the config's
+            set_search_params(index, new.config, new.tuned)
         new._remove_unreferenced()
         return new
 
