@@ -28,6 +28,13 @@ Reported:
   seeded sample of tree positive/negative pairs: refusals and texts whose two sides are equal;
 - a seeded sample of 100 negatives (caption, level, negative, replaced word, replacement, POS,
   stage) written as JSON lines, for reading by a person.
+
+A judged sample (the JSONL rows with "good": true/false and a one-phrase "reason", in
+experiments/trees_judged_<seed>.json: {"seed", "criterion", "items": [...]}) is summarised with
+
+    python experiments/trees_quality.py --judged experiments/trees_judged_2101.json
+
+(good-rate, and good/total by POS and by stage, recomputed from the items).
 """
 
 from __future__ import annotations
@@ -224,6 +231,22 @@ def study(captions: list[str], sample_n: int, seed: int) -> tuple[dict, list[dic
     return result, sample
 
 
+def summarize_judged(path: str) -> dict:
+    """Good-rate of a judged sample, overall and by POS and stage, from its items."""
+    data = json.loads(Path(path).read_text())
+    items = data["items"]
+    out = {"seed": data.get("seed"), "n": len(items), "good": sum(bool(x["good"]) for x in items)}
+    out["good_rate"] = round(out["good"] / max(1, out["n"]), 3)
+    for key in ("pos", "stage"):
+        groups = collections.defaultdict(lambda: [0, 0])
+        for x in items:
+            groups[x[key]][0] += bool(x["good"])
+            groups[x[key]][1] += 1
+        out[f"by_{key}"] = {k: f"{g}/{n}" for k, (g, n) in sorted(groups.items())}
+    out["bad"] = [f"{x['word']} -> {x['replacement']}: {x['reason']}" for x in items if not x["good"]]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--coco", default=str(DATA / "coco_karpathy_test.json"), help="COCO Karpathy test JSON")
@@ -234,7 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=21, help="seed of the reading sample")
     ap.add_argument("--out", default="runs/trees_quality/quality.json", help="results JSON")
     ap.add_argument("--sample-out", default="runs/trees_quality/sample.jsonl", help="the reading sample (JSONL)")
+    ap.add_argument("--judged", help="summarise this judged sample (JSON) instead of running the trees")
     args = ap.parse_args(argv)
+    if args.judged:
+        print(json.dumps(summarize_judged(args.judged), indent=1, ensure_ascii=False))
+        return 0
 
     from vlctl.io import atomic_write_json, atomic_write_text
 

@@ -26,8 +26,11 @@ from vlctl.methods.negatives import (
     ADP_REPLACED,
     COMPOUNDS,
     FIXED_PHRASES,
+    GROUND_COVER_OBJECTS,
+    NO_CONTRAST_OBJECT_LEXNAMES,
     NO_NEAR_OBJECTS,
     NON_VISUAL_ADJ,
+    POSTURE_VERBS,
     QUANTITY_NOUNS,
 )
 
@@ -170,8 +173,9 @@ def noun_phrases(doc, units: dict[int, tuple[int, int]]) -> list[tuple[int, int]
 # --- tokens: why no negative, animacy ----------------------------------------------------------
 
 
-def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int]]) -> str | None:
-    """Why a tree-POS token gets no negative before any candidate is looked for, or None."""
+def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int]], wn=None) -> str | None:
+    """Why a tree-POS token gets no negative before any candidate is looked for, or None.
+    (`wn`: WordNet, for the kinds of preposition object and verb subject; None skips those checks.)"""
     lower = tok.lower_
     if tok.pos_ == "PROPN":
         return "proper noun"
@@ -205,10 +209,25 @@ def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int
             return f"no false contrast for {tok.text + ' ' + objs[0].text!r}"
         if objs and objs[0].lower_ in IDIOM_OBJECTS and not any(c.dep_ in ("det", "poss") for c in objs[0].children):
             return f"idiom {tok.text + ' ' + objs[0].text!r}"
+        if objs and objs[0].pos_ == "PRON":
+            return f"pronoun object {tok.text + ' ' + objs[0].text!r}"
+        if objs and (objs[0].lower_ in GROUND_COVER_OBJECTS
+                     or noun_lexname(wn, objs[0]) in NO_CONTRAST_OBJECT_LEXNAMES):
+            return f"no false contrast for {tok.text + ' ' + objs[0].text!r} (ground, weather or body part)"
     if tok.pos_ == "ADJ" and lower in NON_VISUAL_ADJ:
         return "determiner-like adjective"
+    if tok.pos_ == "ADJ" and tok.i > 0 and doc[tok.i - 1].lower_ == "half":
+        return f"idiom {'half ' + tok.text!r}"  # "half full" = "half empty"
     if tok.pos_ == "NOUN" and tok.dep_ == "compound" and tok.head.i > tok.i:
         return f"noun modifier of {tok.head.text!r}"
+    if tok.pos_ == "NOUN":
+        # the head of a noun compound WordNet does not know: a new head under the old modifier is
+        # a thing nobody says ("a computer desk" -> "a computer bench", "a parking meter lamp")
+        unit = units.get(tok.i, (tok.i, tok.i + 1))
+        mods = [c for c in tok.children if c.dep_ == "compound" and c.pos_ in ("NOUN", "PROPN")
+                and not unit[0] <= c.i < unit[1]]
+        if mods:
+            return f"head of the noun compound {doc[mods[0].i:tok.i + 1].text!r}"
     if tok.pos_ == "VERB":
         if any(c.dep_ == "prt" for c in tok.children):
             return "verb of a phrasal verb"
@@ -217,6 +236,8 @@ def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int
             return f"phrasal verb {tok.text + ' ' + nxt.text!r}"
         if tok.tag_ == "VB" and tok.i > 0 and doc[tok.i - 1].lower_ == "to":
             return "infinitive (no subject to contrast)"
+        if wn is not None and _verb_lemma(lower) in POSTURE_VERBS and subject_is_thing(wn, tok):
+            return "posture verb of a thing (sits = stands = is there)"
     if tok.pos_ == "NOUN" and lower in QUANTITY_NOUNS and any(c.lower_ == "of" for c in tok.children):
         return "head of a quantity phrase"
     return None
@@ -228,6 +249,27 @@ def animate_subject(wn, verb, people_only: bool = False) -> bool:
     subj = [c for c in verb.children if c.dep_ in ("nsubj", "nsubjpass")]
     noun = subj[0] if subj else verb.head if verb.dep_ in ("acl", "relcl", "advcl") else None
     return True if noun is None else animate_noun(wn, noun, people_only)
+
+
+_THING_LEXNAMES = frozenset({"noun.artifact", "noun.object", "noun.food", "noun.plant", "noun.substance",
+                             "noun.location"})
+
+
+def subject_is_thing(wn, verb) -> bool:
+    """The verb's subject (as in `animate_subject`) is known to be a thing: an artifact, food,
+    plant, substance, place or natural object ("a truck sits"), not a person, animal or group."""
+    subj = [c for c in verb.children if c.dep_ in ("nsubj", "nsubjpass")]
+    noun = subj[0] if subj else verb.head if verb.dep_ in ("acl", "relcl", "advcl") else None
+    return noun is not None and noun_lexname(wn, noun) in _THING_LEXNAMES
+
+
+def noun_lexname(wn, noun) -> str | None:
+    """The WordNet lexicographer file of a noun token's most frequent sense ("noun.animal"), or None
+    (no WordNet, not a noun, unknown word)."""
+    if wn is None or noun.pos_ not in ("NOUN", "PROPN"):
+        return None
+    sense = wnmod.most_frequent_sense(wn, wnmod.base_form(wn, noun.lower_, "NOUN"), "NOUN")
+    return None if sense is None else sense.lexname()
 
 
 def head_is_animate(wn, adj) -> bool:

@@ -126,41 +126,65 @@ _VOWELS = re.compile(r"[aeiou]+")
 # they appear in). Within a group every word is a plausible, false replacement for the others.
 _NOUN_GROUPS = (
     ("dog", "cat", "horse", "cow", "sheep", "bear", "elephant", "giraffe", "zebra", "bird"),
-    ("car", "bus", "truck", "train", "motorcycle", "bicycle", "airplane", "boat"),
+    ("car", "bus", "truck", "train", "motorcycle", "bicycle", "airplane", "plane", "boat"),
     ("pizza", "sandwich", "cake", "donut", "salad", "burger", "hot dog", "soup"),
     ("banana", "apple", "orange", "broccoli", "carrot"),
+    ("vegetable", "fruit", "meat", "bread", "cheese", "rice", "pasta"),
     ("table", "chair", "bed", "couch", "bench", "desk"),
-    ("kitchen", "bathroom", "bedroom", "office", "living room"),
-    ("beach", "field", "street", "road", "park", "forest", "city", "lake", "river", "ocean"),
+    ("kitchen", "bathroom", "bedroom", "office", "living room", "restaurant"),
+    ("beach", "field", "street", "road", "park", "forest", "city", "lake", "river", "ocean", "sidewalk", "mountain",
+     "pond"),
     ("grass", "snow", "sand", "water", "dirt"),
-    ("frisbee", "kite", "ball", "skateboard", "surfboard", "snowboard"),
+    ("frisbee", "kite", "ball", "skateboard", "surfboard", "snowboard", "ski"),
     ("shirt", "jacket", "hat", "dress", "coat", "helmet", "sweater"),
-    ("plate", "bowl", "cup", "mug", "bottle", "vase"),
+    ("plate", "bowl", "cup", "mug", "bottle", "vase", "tray", "basket", "pot", "pan"),
     ("fork", "knife", "spoon"),
-    ("laptop", "keyboard", "phone", "television", "computer", "monitor", "cell phone"),
+    ("scissors", "toothbrush", "comb", "pen"),
+    ("suitcase", "backpack", "handbag", "umbrella"),
+    ("tennis racket", "baseball bat", "baseball glove", "golf club"),
+    ("window", "door"),
+    ("wall", "fence"),
+    ("laptop", "keyboard", "phone", "television", "computer", "monitor", "cell phone", "camera"),
     ("tennis", "baseball", "soccer", "football", "golf"),
     ("toilet", "sink", "bathtub", "shower", "mirror"),
     ("refrigerator", "oven", "microwave", "stove"),
-    ("building", "house", "church", "tower"),
+    ("house", "church", "tower"),  # not "building": a house or a tower is one, so it stays true
     ("morning", "evening", "night"),
     ("summer", "winter"),
     ("clock", "sign", "lamp"),
 )
 _NOUN_PAIRS = (("man", "woman"), ("boy", "girl"), ("person", "animal"), ("people", "animals"), ("child", "adult"),
+               ("baby", "adult"),
                ("lady", "man"), ("guy", "woman"), ("day", "night"), ("front", "back"), ("top", "bottom"),
                ("left", "right"), ("inside", "outside"))
 # Pairs a reader finds still true of the image (a bus is a kind of car to many; a bench is a
 # table to sit at): never offered, whatever the source.
+# A train is made of cars ("long trains" -> "long cars" stays true).
 EXCLUDED_PAIRS = frozenset({("bus", "car"), ("car", "bus"), ("bench", "table"), ("table", "bench"),
+                            ("train", "car"), ("car", "train"),
                             ("group", "set"), ("couple", "pair"), ("hold", "carry"), ("carry", "hold")})
 _ADJ_PAIRS = tuple(p for p in _PAIRS if p[0] not in ("on", "in", "into", "with", "above", "over", "up", "before",
                                                      "man", "men", "boy", "boys", "day", "people", "person",
                                                      "standing", "stands", "stand", "smiling", "front"))
-_ADJ_GROUPS = (_COLORS, ("wooden", "metal", "plastic", "stone", "brick", "paper", "leather"), ("round", "square"))
+# Materials a reader finds plausible for most objects ("a paper rail", "a brick spoon" are not):
+# brick, paper and leather are replaced, never replacements.
+_MATERIALS = ("wooden", "metal", "plastic", "stone")
+_ADJ_GROUPS = (_COLORS, _MATERIALS, ("round", "square"), ("grassy", "sandy", "snowy", "rocky"))
+_ADJ_SOURCES = {"brick": ("wooden", "stone"), "paper": ("plastic",), "leather": ("plastic",)}
+# The colours an animal's coat has: "a brown dog" -> "a black dog", never "a green horse";
+# landscape keeps to the colours of earth, snow and cloud ("a green field" -> "a brown field",
+# "a blue sky" -> "a gray sky", never "a lush purple field"). Food, plants and body parts get no
+# colour swap (NATURAL_NO_COLOR_LEXNAMES).
+ANIMAL_COLORS = ("black", "white", "brown", "gray")
+LANDSCAPE_COLORS = ("brown", "white", "gray")
+LANDSCAPE_LEXNAMES = frozenset({"noun.object", "noun.location", "noun.substance", "noun.phenomenon"})
+NATURAL_NO_COLOR_LEXNAMES = frozenset({"noun.food", "noun.plant", "noun.body"})
+COLORS = frozenset(_COLORS) | {"grey"}
 # Verbs by valency: "flying a kite" -> "holding a kite", but "a plane flying" -> "a plane sitting".
 # Motion verbs only for animate subjects (TreeGenerator checks): "bagels sitting on a rack" may
 # become "standing", never "running".
-_VERB_INTRANSITIVE = (("stand", "sit", "lie"), ("look", "point"), ("smile", "frown"), ("sleep", "eat"))
+_VERB_INTRANSITIVE = (("stand", "sit", "lie"), ("look", "point"), ("smile", "cry"), ("sleep", "eat"),
+                      ("graze", "sleep"))
 MOTION_VERBS = (("walk", "run", "jump"),)
 _VERB_TRANSITIVE = (("ride", "push", "pull"), ("hold", "throw", "drop"), ("carry", "push", "pull"),
                     ("wear", "hold"), ("eat", "cut", "hold"), ("fly", "hold"), ("throw", "catch"),
@@ -180,6 +204,8 @@ def _pos_tables() -> dict[str, dict[str, tuple[str, ...]]]:
         return {k: tuple(o for o in dict.fromkeys(v) if (k, o) not in EXCLUDED_PAIRS) for k, v in t.items()}
 
     adj = groups(_ADJ_GROUPS, _ADJ_PAIRS)
+    for word, others in _ADJ_SOURCES.items():
+        adj[word] = others
     adj["grey"] = tuple(c for c in _COLORS if c != "gray")
     trans: dict[str, list[str]] = {}
     for head, *others in _VERB_TRANSITIVE:
@@ -198,7 +224,7 @@ ADP_CONTRASTS: dict[tuple[str, str], tuple[str, ...]] = {
     ("on", "thing"): ("under", "beside"), ("on", "place"): ("near",), ("on", "garment"): ("under",),
     ("in", "thing"): ("beside", "outside"), ("in", "place"): ("near",), ("in", "garment"): ("without",),
     ("near", "thing"): ("on", "under"), ("near", "place"): ("in",), ("near", "garment"): ("on",),
-    ("under", "*"): ("on", "beside"), ("underneath", "*"): ("on",), ("beneath", "*"): ("above",),
+    ("under", "*"): ("on", "beside"), ("under", "overhead"): ("beside",), ("underneath", "*"): ("on",), ("beneath", "*"): ("above",),
     ("above", "*"): ("below",), ("below", "*"): ("above",), ("over", "*"): ("under",),
     ("behind", "*"): ("beside",), ("beside", "*"): ("behind",),
     ("inside", "*"): ("outside",), ("outside", "*"): ("inside",), ("within", "*"): ("outside",),
@@ -210,7 +236,11 @@ ADP_REPLACED = frozenset(p for p, _ in ADP_CONTRASTS)
 # Fixed phrases whose words are never replaced one at a time ("on top of", "next to", "in front of").
 FIXED_PHRASES = (("on", "top", "of"), ("next", "to"), ("in", "front", "of"), ("close", "to"), ("front", "of"),
                  ("in", "order", "to"), ("a", "couple", "of"), ("a", "lot", "of"), ("a", "group", "of"),
-                 ("a", "bunch", "of"), ("a", "pair", "of"), ("a", "few"))
+                 ("a", "bunch", "of"), ("a", "pair", "of"), ("a", "few"),
+                 # "black and white" is the photo's style, not two colours ("a black and purple photo")
+                 ("in", "black", "and", "white"),
+                 *(("black", "and", "white", n) for n in ("photo", "photograph", "picture", "image", "shot", "photos",
+                                                          "pictures", "images", "photographs", "film", "print")))
 # Adjectives that only determine or compare ("other", "same"): no visual contrast to make.
 NON_VISUAL_ADJ = frozenset({"other", "another", "same", "different", "such", "only", "own", "various", "certain",
                             "main", "whole", "entire", "next", "able", "unable", "ready", "sure", "likely", "much",
@@ -349,6 +379,22 @@ INANIMATE_ADJ = frozenset({"new", "wooden", "metal", "plastic", "stone", "brick"
 # ground" stays true): no near/in swap for these.
 NO_NEAR_OBJECTS = frozenset({"ground", "floor", "corner", "sky", "air", "side", "edge", "surface", "street",
                              "sidewalk", "road", "top", "bottom", "middle", "background", "foreground", "distance"})
+# Preposition objects with no false contrast a reader accepts (issue 21): ground cover and weather
+# one is in or on ("skiing in the snow" -> "near the snow", "in the sands" -> "near the sands"),
+# besides WordNet's weather/phenomenon nouns and body parts ("in his hand" -> "outside his hand");
+# pronoun objects ("on it" -> "under it") are skipped too (caption_parse.skip_reason).
+GROUND_COVER_OBJECTS = frozenset({"snow", "sand", "sands", "dirt", "mud", "grass", "gravel", "ice", "rain", "sun",
+                                  "sunshine", "sunlight", "shade", "shadow", "shadows", "wind", "fog", "mist", "dark",
+                                  "darkness", "light", "hay", "dust", "smoke", "weather", "sunset", "daylight"})
+NO_CONTRAST_OBJECT_LEXNAMES = frozenset({"noun.body", "noun.phenomenon"})
+# Objects one is "under" from below (shelter): "under a pink umbrella" -> "on a pink umbrella" is
+# absurd, so only "beside" (ADP_CONTRASTS kind "overhead").
+OVERHEAD_OBJECTS = frozenset({"umbrella", "umbrellas", "tree", "trees", "bridge", "awning", "canopy", "tent", "roof",
+                              "sky", "clouds", "cloud", "parasol", "overpass", "ceiling", "arch", "archway",
+                              "shelter", "kite", "kites"})
+# Posture verbs mean "is located" for a thing ("a truck sits / stands in front of a tree line"):
+# no posture contrast for an inanimate subject.
+POSTURE_VERBS = frozenset({"stand", "sit", "lie", "lay", "rest"})
 
 
 

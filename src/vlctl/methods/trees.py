@@ -57,18 +57,24 @@ from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_ha
     _WORD,
     ADP_CONTRASTS,
     ADP_REPLACED,
+    ANIMAL_COLORS,
     ANIMATE_ADJ,
     CLOSED_CLASS,
+    COLORS,
     COMPOUNDS,
     EXCLUDED_PAIRS,
     FIXED_PHRASES,
     INANIMATE_ADJ,
+    LANDSCAPE_COLORS,
+    LANDSCAPE_LEXNAMES,
     MAX_CHARS,
     MAX_WORDS,
     MIN_ZIPF,
+    NATURAL_NO_COLOR_LEXNAMES,
     NO_NEAR_OBJECTS,
     NON_VISUAL_ADJ,
     OPPOSITES,
+    OVERHEAD_OBJECTS,
     POS_TABLES,
     QUANTITY_NOUNS,
     STAGES,
@@ -88,7 +94,7 @@ from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_ha
 )
 from vlctl.methods.tree_cache import TreeCache
 
-GENERATOR_VERSION = "3vl-trees-2"
+GENERATOR_VERSION = "3vl-trees-3"
 TREE_POS = ("NOUN", "ADJ", "ADP", "VERB")
 
 
@@ -297,11 +303,19 @@ class TreeGenerator:
         if pos == "ADP":
             objs = [c for c in tok.children if c.dep_ == "pobj"]
             kind = wnmod.object_kind(wn, wnmod.base_form(wn, objs[0].lower_, "NOUN")) if objs and wn else "thing"
+            if lower == "under" and objs and objs[0].lower_ in OVERHEAD_OBJECTS:
+                kind = "overhead"
         adjectival = pos == "VERB" and tag in ("VBN", "VBD") and tok.dep_ == "amod"
         animate = parse.animate_subject(self.wn_, tok) if pos == "VERB" else True
         person = pos != "VERB" or parse.animate_subject(self.wn_, tok, people_only=True)
+        colors_ok = None  # the colours a replacement may be (None: any)
         if pos == "ADJ":
             animate = parse.animate_noun(self.wn_, tok.head) if tok.head is not tok else True
+            # a natural thing's colour is not free: "a green horse", "a lush white field", "a
+            # purple banana" are absurd; an animal's coat keeps to coat colours
+            lex = parse.noun_lexname(wn, _described_noun(tok))
+            colors_ok = frozenset(ANIMAL_COLORS) if lex == "noun.animal" else frozenset(LANDSCAPE_COLORS) \
+                if lex in LANDSCAPE_LEXNAMES else frozenset() if lex in NATURAL_NO_COLOR_LEXNAMES else None
         h = _hash_int(seed, caption, i)
         n_seen = 0
         # a word the level already has makes a muddled negative ("a stove and stove"); a domain
@@ -313,7 +327,8 @@ class TreeGenerator:
             if not (domain and k_stage == 0):
                 words = tuple(w for w in words if w not in seen and not (
                     pos == "ADJ" and (w in ANIMATE_ADJ if not animate
-                                      else w in INANIMATE_ADJ and parse.head_is_animate(self.wn_, tok))))
+                                      else w in INANIMATE_ADJ and parse.head_is_animate(self.wn_, tok)))
+                    and not (colors_ok is not None and (w in COLORS or lower in COLORS) and w not in colors_ok))
             if stage == "mlm":
                 if self.mlm is None:
                     continue
@@ -377,7 +392,7 @@ class TreeGenerator:
                         continue
                     if tok.pos_ == "PROPN" and "NOUN" not in self.pos_:
                         continue
-                    why = parse.skip_reason(doc, tok, fixed, units)
+                    why = parse.skip_reason(doc, tok, fixed, units, self.wn_)
                     if why is not None:
                         level["missed"].append([tok.text, tok.pos_])
                         level["missed_reason"].append(why)
@@ -493,7 +508,7 @@ class TreeGenerator:
         doc = self.nlp_(text.strip())
         parse.retag(doc, self.overrides_, self.wn_)
         units, fixed = parse.word_units(doc, self.wn_), parse.fixed_phrases(doc)
-        cands = [t for t in doc if t.pos_ in self.pos_ and t.is_alpha and parse.skip_reason(doc, t, fixed, units) is None]
+        cands = [t for t in doc if t.pos_ in self.pos_ and t.is_alpha and parse.skip_reason(doc, t, fixed, units, self.wn_) is None]
         cands.sort(key=lambda t: _hash_int("random_negative", s, caption, t.i))
         for tok in cands:
             u0, u1 = units.get(tok.i, (tok.i, tok.i + 1))
@@ -510,6 +525,20 @@ class TreeGenerator:
 
 
 _PHRASE = re.compile(r"^[a-z]+( [a-z]+)?$")  # a replacement: one or two lowercase words
+
+
+def _described_noun(adj):
+    """The noun an adjective token describes: its head for "a red car" (through "black and white"),
+    the subject for "the car is red"; the adjective itself when there is none."""
+    h = adj
+    while h.dep_ == "conj" and h.head is not h:
+        h = h.head
+    if h.dep_ in ("amod", "compound") or h.head.pos_ in ("NOUN", "PROPN"):
+        return h.head
+    if h.dep_ == "acomp":
+        subj = [c for c in h.head.children if c.dep_ in ("nsubj", "nsubjpass")]
+        return subj[0] if subj else adj
+    return adj
 
 
 # --- module-level API --------------------------------------------------------------------------

@@ -253,7 +253,16 @@ def lemma_names(wn) -> frozenset[str]:
 # People ("young men" -> "bachelors", "kid" -> "adolescent") and body parts ("hand" -> "finger")
 # stay true or turn odd: the curated table handles them (man/woman, boy/girl, ...).
 MAX_SISTERS = 40
-VISUAL_NOUN_LEXNAMES = frozenset({"noun.animal", "noun.artifact", "noun.food", "noun.plant", "noun.object"})
+# noun.object (natural objects: "ledge" -> "reef", "rocks" -> "bodies", "hill" -> "mountain") and
+# noun.plant ("trunk" -> "bulb") gave almost no acceptable sisters on COCO captions: not used.
+VISUAL_NOUN_LEXNAMES = frozenset({"noun.animal", "noun.artifact", "noun.food"})
+# Sense-count thresholds (SemCor, cntlist) for co-hyponyms, measured on COCO captions 0-2,500
+# (experiments/trees_quality.py, issue 21): the caption's word must mean its most frequent sense
+# most of the time (share of its tagged occurrences: "pole" 6/12, "picture" 25/93, "counter" 3/6
+# gave "baton", "map", "booth"), and the sister must be an
+# everyday word in its own right (tagged at least a few times: not "lever", "tablet", "booth").
+MIN_SENSE_SHARE = 0.75
+MIN_SISTER_COUNT = 3
 
 
 def _lemma_count(counts: dict[str, int], synset, base: str) -> int:
@@ -316,6 +325,12 @@ def mfs_co_hyponyms(wn, base: str, pos: str) -> tuple[str, ...]:
         return ()
     if pos == "NOUN" and sense.lexname() not in VISUAL_NOUN_LEXNAMES:
         return ()
+    counts = sense_counts(wn)
+    lemma = base.replace(" ", "_").lower()
+    mine = _lemma_count(counts, sense, lemma)
+    total = sum(_lemma_count(counts, s, lemma) for s in wn.synsets(lemma, WN_POS[pos]))
+    if mine < MIN_SENSE_SHARE * total:
+        return ()  # a word WordNet cannot tell the sense of: its sisters are of a sense at random
     names: dict[str, int] = {}
     for parent in _hypernyms(sense)[:1]:  # the first by name (determinism); more add junk ("dog" -> "stray")
         if len(parent.hyponyms()) > MAX_SISTERS:
@@ -325,11 +340,12 @@ def mfs_co_hyponyms(wn, base: str, pos: str) -> tuple[str, ...]:
     keep = []
     sisters = {x for parent in _hypernyms(sense) for x in parent.hyponyms() + parent.instance_hyponyms()}
     for name, count in names.items():
-        if count <= 0:
+        if count < MIN_SISTER_COUNT:
             continue
-        # the sister must be what its name usually means ("perch" the fish, not the roost)
+        # the sister must be what its name usually means ("perch" the fish, not the roost), and
+        # of the same kind of thing ("rock" -> "body" the anatomy)
         s = most_frequent_sense(wn, name, pos)
-        if s is not None and s in sisters:
+        if s is not None and s in sisters and s.lexname() == sense.lexname():
             keep.append(name)
     return tuple(sorted(keep))
 
