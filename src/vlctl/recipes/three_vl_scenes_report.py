@@ -41,7 +41,10 @@ SHORTFALL = (
     "results in experiments/relation_learnability_*.json). Telling 'A left of B' from 'A right of B' needs the "
     "text to multiply the relation's sign into both noun phrases and the image to multiply each object's "
     "attributes into its position; at the start, every relation word is as often the positive as the negative, "
-    "so the gradient averages to zero. A longer, higher-lr LoRA fine-tuning of the quick base (lr 1e-2, rank "
+    "so the gradient averages to zero. What unlocks it is the scenes, not the loss alone: on two-object scenes "
+    "(6,000, 30 epochs) InfoNCE plus the relation-swap loss reaches 74.3% on the test split's relations, while "
+    "the same run on scenes with a 40% share of three objects stays at 50.5%, and InfoNCE alone on two-object "
+    "scenes at 50.3% (experiments/relation_levers/). A longer, higher-lr LoRA fine-tuning of the quick base (lr 1e-2, rank "
     "16, 16 epochs, no patch dropout) lifts tree and contrastive alike (75.3 vs 74.6 average): on this base the "
     "hard negatives add little beyond more training. The paper's model is CLIP ViT-B/32 pre-trained on 400M pairs."
 )
