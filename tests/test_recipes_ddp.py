@@ -179,3 +179,40 @@ def test_tevi_coco_under_torchrun_trains_sae_and_mask_ddp(tmp_path):
     # The mask trained DDP through the project's loop: its checkpoint holds both ranks' RNG states.
     [state] = (out / "stages").glob("tevi-*/run/checkpoint/state.json")
     assert len(json.loads(state.read_text())["rng"]) == 2
+
+
+SAE_FIT = '''
+import os, sys
+import numpy as np
+import torch
+from vlctl.methods.sae import SparseAutoencoder, TopKSAEConfig
+
+x = np.load(sys.argv[1])
+cfg = TopKSAEConfig(d_latent=256, k=2, aux_k=8, epochs=4, batch_size=32, dead_after=64, init_b_pre="mean")
+sae = SparseAutoencoder(cfg).fit(x, encoder_id="t")
+if os.environ.get("RANK", "0") == "0":
+    torch.save({k: v.clone() for k, v in sae.model_.state_dict().items()}, sys.argv[2])
+'''
+
+
+@pytest.mark.slow
+def test_sae_fit_under_torchrun_equals_the_one_process_fit(tmp_path):
+    """Under DDP the SAE's loss is normalised by the global batch's variance and its dead-latent
+    counts see every rank's firings, so 2 ranks train the same weights as 1 process (AuxK active:
+    with dead_after 64, latents die within the 4 epochs)."""
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(128, 12)) @ rng.normal(size=(12, 12))).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    script = tmp_path / "fit.py"
+    script.write_text(SAE_FIT)
+    one = subprocess.run([sys.executable, str(script), str(tmp_path / "x.npy"), str(tmp_path / "one.pt")],
+                         check=False, env=_env(), capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _torchrun([str(tmp_path / "x.npy"), str(tmp_path / "two.pt")], script=str(script))
+    assert two.returncode == 0, two.stderr[-3000:]
+    import torch
+
+    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert int((a["samples_since_fired"] > 64).sum()) > 0  # AuxK had dead latents to work on
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=k)

@@ -474,3 +474,25 @@ def test_help_lists_every_recipe_with_its_datasets(capsys):
         assert "--encoder SPEC " + " ".join("--" + f.name.replace("_", "-") for f in dataclasses.fields(cls)) in block
     assert "cocodataset.org" in text and "clevr_4_annots.json" in text and "JPEGImages" in text
     assert "ShotBench" in text and "VL-CheckList" in text and "sugar-crepe" in text and "visual_genome_relation" in text
+
+
+def test_3vl_coco_fine_tunes_a_hugging_face_clip(fixtures, tmp_path):
+    """The same recipe on `hf:DIR` (a random-weight transformers CLIPModel): peft LoRA on its q/k/v/out
+    and MLP projections, the three fine-tunes, the merged models evaluated; a fine-tune is refused on
+    another base."""
+    from test_front_door import _save_hf_clip
+
+    hf = f"hf:{_save_hf_clip(tmp_path / 'clip')}"
+    out = tmp_path / "out"
+    argv = ["reproduce", "3vl-coco", "--encoder", hf, "--coco-root", str(fixtures["coco_root"]),
+            "--coco-annotations", str(fixtures["coco_ann"]), *_compositional(fixtures["tmp"] / "comp"),
+            "--out", str(out), *_config(tmp_path, "3vl", THREE_VL_CFG)]
+    assert main(argv) == 0
+    r = _results(out)
+    assert set(r["fine_tuning"]) == {"contrastive", "negclip", "tree"}
+    assert all(v["steps"] == 2 for v in r["fine_tuning"].values())
+    assert set(r["coco_t2i_r1"]) == {"base", "contrastive", "negclip", "tree"}
+    [adapters] = (out / "stages").glob("finetune-tree-*/adapters")
+    assert json.loads((adapters / "adapter.json").read_text())["base_encoder_id"].startswith("hf-clip")
+    s = np.load(out / "arrays" / "scores.npz")  # the merged adapters change the model
+    assert not np.array_equal(s["scores_tree__checklist__attribute"], s["scores_base__checklist__attribute"])

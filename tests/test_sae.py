@@ -271,3 +271,24 @@ def test_fit_with_resampling_keeps_fewer_dead(fitted):
     plain = SparseAutoencoder(**common).fit(x, "enc-a")
     resampled = SparseAutoencoder(**common, resample_every=4).fit(x, "enc-a")
     assert plain.n_dead_ > 0 and resampled.n_dead_ < plain.n_dead_, (plain.n_dead_, resampled.n_dead_)
+
+
+def test_fit_resumes_from_its_checkpoint_to_the_uninterrupted_weights(tmp_path, monkeypatch):
+    import functools
+
+    import vlctl.train.loop as loop
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 8, generator=g) @ torch.randn(8, 8, generator=g)
+    kw = {"d_latent": 32, "k": 4, "aux_k": 4, "epochs": 3, "batch_size": 16, "dead_after": 32, "init_b_pre": "mean"}
+    whole = SparseAutoencoder(**kw, out_dir=tmp_path / "whole").fit(x, "t", checkpoint_every=4)
+    real_train = loop.train
+    monkeypatch.setattr(loop, "train", functools.partial(real_train, stop_after_steps=7))  # "killed" at step 7
+    SparseAutoencoder(**kw, out_dir=tmp_path / "cut").fit(x, "t", checkpoint_every=4)
+    monkeypatch.setattr(loop, "train", real_train)
+    assert json.loads((tmp_path / "cut" / "checkpoint" / "state.json").read_text())["step"] == 7
+    resumed = SparseAutoencoder(**kw, out_dir=tmp_path / "cut").fit(x, "t", checkpoint_every=4, resume=True)
+    for (name, a), b in zip(whole.model_.state_dict().items(), resumed.model_.state_dict().values()):
+        assert torch.equal(a, b), name
+    with pytest.raises(VlctlError, match="need out_dir"):
+        SparseAutoencoder(**kw).fit(x, "t", resume=True)

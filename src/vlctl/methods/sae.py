@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -130,14 +131,29 @@ class SAEOutput(NamedTuple):
     z: torch.Tensor  # (n, d1)
 
 
-def _normalised_mse(target: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+def _ddp() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _normalised_mse(target: torch.Tensor, pred: torch.Tensor, ddp: bool = False) -> torch.Tensor:
     """sum ||target - pred||^2 / sum ||target - mean(target)||^2 over the batch: the batch FVU.
 
     Dividing by the batch variance makes the loss scale-free (1 = predicting the batch mean), so
     lr and aux_coef mean the same for any embedding scale. The denominator carries no gradient.
+    `ddp`: the batch is one rank's share of a global batch; the denominator is the global batch's
+    variance and the numerator is scaled by the world size, so DDP's average of the ranks'
+    gradients is the one-process gradient of the global batch (and the mean of the ranks' values
+    its FVU).
     """
-    var = (target - target.mean(0)).pow(2).sum().detach().clamp_min(1e-12)
-    return (target - pred).pow(2).sum() / var
+    sse = (target - pred).pow(2).sum()
+    if not ddp:
+        return sse / (target - target.mean(0)).pow(2).sum().detach().clamp_min(1e-12)
+    with torch.no_grad():
+        stats = torch.cat([target.sum(0), target.pow(2).sum().reshape(1), target.new_tensor([len(target)])])
+        dist.all_reduce(stats)
+        total, squares, n = stats[:-2], stats[-2], stats[-1]
+        var = (squares - total.pow(2).sum() / n).clamp_min(1e-12)
+    return sse * dist.get_world_size() / var
 
 
 class TopKSAE(nn.Module):
@@ -236,11 +252,12 @@ class TopKSAE(nn.Module):
         picked = picked_encode(x, self.W_E, self.b_E, self.b_pre, self.cfg.k, dead, n_aux)
         codes = F.relu(picked.values)  # (n, k): a kept negative pre-activation becomes 0
         x_hat = sparse_decode(picked.indices, codes, self.W_D) + self.b_pre
-        nmse = _normalised_mse(x, x_hat)
+        ddp = self.training and _ddp()  # every rank's counts are equal, so every rank takes the same branches
+        nmse = _normalised_mse(x, x_hat, ddp)
         if n_aux:
             # AuxK: the top n_aux dead latents reconstruct the detached residual (no b_pre).
             aux = _normalised_mse((x - x_hat).detach(), sparse_decode(picked.aux_indices, F.relu(picked.aux_values),
-                                                                      self.W_D))
+                                                                      self.W_D), ddp)
         else:
             aux = x.new_zeros(())
         with torch.no_grad():
@@ -248,7 +265,12 @@ class TopKSAE(nn.Module):
             z.scatter_(1, picked.indices, codes)
             if self.training:
                 fired = torch.zeros_like(dead).index_fill_(0, picked.indices[codes != 0], True)
-                self.samples_since_fired += x.shape[0]
+                seen = x.shape[0]
+                if ddp:  # fired on any rank, and the global batch's samples: the same counts on every rank
+                    both = torch.cat([fired.long(), torch.tensor([seen], device=fired.device)])
+                    dist.all_reduce(both)
+                    fired, seen = both[:-1] > 0, int(both[-1])
+                self.samples_since_fired += seen
                 self.samples_since_fired[fired] = 0
         return SAEOutput(nmse + self.cfg.aux_coef * aux, nmse, aux, x_hat, z)
 
@@ -366,9 +388,14 @@ class SparseAutoencoder(Estimator):
         est.concept_emb = concepts
         return est
 
-    def fit(self, source: Any, encoder_id: str | None = None) -> SparseAutoencoder:
+    def fit(self, source: Any, encoder_id: str | None = None, *, checkpoint_every: int = 0,
+            resume: bool = False) -> SparseAutoencoder:
         """Train on the image embeddings of `source` (a store, or an (n, d) array from encoder
-        `encoder_id`); returns self."""
+        `encoder_id`); returns self. `checkpoint_every` (steps) writes the loop's checkpoint into
+        `out_dir`; `resume` continues from it (refused for another config or data), with the same
+        result as the uninterrupted fit."""
+        if (checkpoint_every or resume) and self.out_dir is None:
+            raise VlctlError("SparseAutoencoder.fit: checkpoint_every / resume need out_dir (where the checkpoint lives)")
         from vlctl.train.loop import LoopConfig, train
 
         data = embedding_set(source, encoder_id=encoder_id)
@@ -405,6 +432,7 @@ class SparseAutoencoder(Estimator):
             seed=cfg.seed,
             progress=self.progress,
             log_every=50,
+            checkpoint_every=checkpoint_every,
         )
         tmp = tempfile.TemporaryDirectory(prefix="vlctl-sae-") if self.out_dir is None else None
         try:
@@ -417,6 +445,7 @@ class SparseAutoencoder(Estimator):
                 out_dir=tmp.name if tmp else self.out_dir,
                 run_config={"sae": config_to_dict(cfg), "encoder_id": encoder_id},
                 device=cfg.device,
+                resume=resume,
             )
         finally:
             if handle is not None:

@@ -147,27 +147,41 @@ def _benchmarks(data: TeviCocoData) -> dict:
 # --- stages --------------------------------------------------------------------------------------
 
 
-def _fit_sae(cfg: TeviCocoRecipe, x: np.ndarray, encoder_id: str, device: str, k: int, expansion: int, epochs: int):
+def _fit_sae(cfg: TeviCocoRecipe, x: np.ndarray, encoder_id: str, device: str, k: int, expansion: int, epochs: int,
+             run_dir: Path | None = None, resume: bool = False):
     from vlctl.methods.sae import SparseAutoencoder
 
     sae = SparseAutoencoder(k=min(k, expansion * x.shape[1]), expansion=expansion, aux_k=cfg.sae_aux_k,
-                            epochs=epochs, lr=cfg.sae_lr, batch_size=cfg.sae_batch_size, seed=cfg.seed, device=device)
+                            epochs=epochs, lr=cfg.sae_lr, batch_size=cfg.sae_batch_size, seed=cfg.seed, device=device,
+                            out_dir=run_dir)
+    steps = epochs * max(1, len(x) // min(cfg.sae_batch_size, len(x)))
     t0 = time.perf_counter()
-    sae.fit(x, encoder_id)
+    sae.fit(x, encoder_id, checkpoint_every=max(1, steps // 10) if run_dir else 0, resume=resume)
     return sae, time.perf_counter() - t0
 
 
-def _sae_stage(cfg, train, encoder_id, device, work: Path) -> None:
+def _sae_stage(cfg, train, encoder_id, device, work: Path, resume: bool = False) -> None:
+    import shutil
+
+    from vlctl.train.distributed import barrier
+
     x = train["image_emb"]
     n, d = x.shape
     per_epoch = max(1, n // min(cfg.sae_batch_size, n))
-    t0 = time.perf_counter()
-    _fit_sae(cfg, x, encoder_id, device, cfg.sae_k, cfg.sae_expansion, 1)  # one epoch, timed: the rate
-    rate = per_epoch / max(time.perf_counter() - t0, 1e-9)
-    # weights, gradients and two AdamW moments of W_E and W_D, plus the embeddings
-    estimate_line("stage sae", cfg.sae_epochs * per_epoch, rate, 16 * 2 * cfg.sae_expansion * d * d + x.nbytes,
-                  unit="steps")
-    sae, seconds = _fit_sae(cfg, x, encoder_id, device, cfg.sae_k, cfg.sae_expansion, cfg.sae_epochs)
+    # A stage killed before its first checkpoint starts over: nothing to resume from.
+    resume = resume and (work / "run" / "checkpoint" / "state.json").is_file()
+    if not resume:
+        t0 = time.perf_counter()
+        _fit_sae(cfg, x, encoder_id, device, cfg.sae_k, cfg.sae_expansion, 1)  # one epoch, timed: the rate
+        rate = per_epoch / max(time.perf_counter() - t0, 1e-9)
+        # weights, gradients and two AdamW moments of W_E and W_D, plus the embeddings
+        estimate_line("stage sae", cfg.sae_epochs * per_epoch, rate, 16 * 2 * cfg.sae_expansion * d * d + x.nbytes,
+                      unit="steps")
+        if is_main_rank() and (work / "run").exists():
+            shutil.rmtree(work / "run")  # the stage's own half-run, from before the kill
+        barrier()
+    sae, seconds = _fit_sae(cfg, x, encoder_id, device, cfg.sae_k, cfg.sae_expansion, cfg.sae_epochs,
+                            run_dir=work / "run", resume=resume)
     if not is_main_rank():  # under torchrun every rank fits (DDP); rank 0 writes
         return
     sae.save(work / "sae")
@@ -395,8 +409,8 @@ def run(out: Path, quick: bool = False, force: bool = False, stages: str | Path 
     device = rank_device(run_cfg.device)
     sae_key = {"train": train_dir.name, **{f: getattr(cfg, f) for f in ("sae_k", "sae_aux_k", "sae_expansion",
                                                                         "sae_epochs", "sae_lr", "sae_batch_size", "seed")}}
-    sae_dir = runner.stage("sae", sae_key, lambda w: _sae_stage(cfg, train, encoder_id, device, w),
-                           distributed=True)
+    sae_dir = runner.stage("sae", sae_key, lambda w, resume: _sae_stage(cfg, train, encoder_id, device, w, resume),
+                           resumable=True, distributed=True)
     mask_key = {"sae": sae_dir.name, **{f: getattr(cfg, f) for f in ("conditioning", "mask_hidden", "mask_epochs",
                                                                      "mask_lr", "mask_batch_size", "text_finetune",
                                                                      "text_lr")}}

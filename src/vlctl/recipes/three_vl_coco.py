@@ -42,6 +42,7 @@ from vlctl.recipes.real_common import (
 )
 from vlctl.recipes.real_data import ThreeVLCocoData, flag, need_dir, need_file
 from vlctl.recipes.runner import Runner
+from vlctl.recipes.three_vl_coco_model import base_encoder, clip_forward, fresh_model, lora_kind, tuned_encoder
 from vlctl.report import Report
 
 # 3VL paper (CLIP ViT-B/32): VL-CheckList (Tables I-III), COCO T->I R@1.
@@ -120,65 +121,6 @@ def _benchmarks(data: ThreeVLCocoData) -> dict[str, dict[str, list]]:
     return out
 
 
-# --- the model: OpenCLIP + peft LoRA ---------------------------------------------------------------
-
-
-def _base_encoder(lazy: LazyEncoder):
-    from vlctl.encoders.open_clip_encoder import OpenCLIPEncoder
-
-    enc = lazy.get()
-    if not isinstance(enc, OpenCLIPEncoder):
-        raise VlctlError(f"3vl-coco fine-tunes OpenCLIP models with peft LoRA; {lazy.spec!r} is a "
-                         f"{type(enc).__name__}. Give --encoder open_clip:<model>[/<tag or checkpoint>] (the "
-                         "TinyCLIP path is `vlctl fit tree` / the 3vl-scenes recipe)")
-    return enc
-
-
-def _fresh_model(lazy: LazyEncoder, cfg: ThreeVLCocoRecipe):
-    """A deep copy of the base OpenCLIP model with peft LoRA adapters (seeded)."""
-    import copy
-
-    import torch
-
-    from vlctl.methods.tree_tune import add_lora_peft
-
-    base = _base_encoder(lazy)
-    model = copy.deepcopy(base.model).cpu()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        return add_lora_peft(model, "open_clip", cfg.rank, cfg.lora_alpha)
-
-
-def _tuned_encoder(lazy: LazyEncoder, cfg: ThreeVLCocoRecipe, adapters: Path, run: EncoderRun):
-    """The base encoder with the saved adapters loaded and merged (refuses another base)."""
-    from safetensors.torch import load_file
-
-    from vlctl.encoders.open_clip_encoder import OpenCLIPEncoder
-    from vlctl.methods.tree_tune import lora_parameters
-
-    base = _base_encoder(lazy)
-    doc = read_json(adapters / "adapter.json", "LoRA adapter.json")
-    # The encoder id hashes the base weights (peft's MultiheadAttention adapter rewrites in_proj in
-    # place during a forward, so a fingerprint of the adapted model is no stable identity).
-    if doc.get("base_encoder_id") != base.id:
-        raise VlctlError(f"{adapters}: adapters were trained on encoder {doc.get('base_encoder_id')!r}, this encoder "
-                         f"is {base.id!r}; refusing to load them")
-    peft_model = _fresh_model(lazy, cfg)
-    tensors = load_file(str(adapters / "adapters.safetensors"))
-    params = lora_parameters(peft_model)
-    if set(params) != set(tensors):
-        raise VlctlError(f"{adapters}: adapter tensors do not match the model ({sorted(set(params) ^ set(tensors))[:3]})")
-    import torch
-
-    with torch.no_grad():
-        for k, p in params.items():
-            p.copy_(tensors[k])
-    merged = peft_model.merge_and_unload().eval()
-    return OpenCLIPEncoder(merged.to(run.device), base.model_name, base.preprocess_pil, base.tokenizer,
-                           device=run.device, precision=run.precision, batch_size=run.batch_size,
-                           spec=f"{base.spec}+lora:{adapters.parent.name}")
-
-
 # --- stages --------------------------------------------------------------------------------------
 
 
@@ -219,8 +161,9 @@ def _finetune(cfg: ThreeVLCocoRecipe, mode: str, lazy: LazyEncoder, run: Encoder
     if run.precision == "fp16":
         raise VlctlError("3vl-coco: fine-tuning runs in fp32 or bf16 (fp16 without loss scaling underflows); "
                          "use --precision bf16")
-    base = _base_encoder(lazy)
-    model = _fresh_model(lazy, cfg)
+    base = base_encoder(lazy)
+    kind = lora_kind(base)
+    model = fresh_model(lazy, cfg)
     t = read_json(trees_dir / "trees.json", "trees")
     tokenize = base.tokenize
     pos_tokens = tokenize(captions)
@@ -243,7 +186,7 @@ def _finetune(cfg: ThreeVLCocoRecipe, mode: str, lazy: LazyEncoder, run: Encoder
         n = b["x"].shape[0]
         extra = b["neg"] if mode == "negclip" else b["tree"][b["tree_mask"]] if mode == "tree" else b["pos"][:0]
         with autocast_for(device, run.precision):
-            img, txt, scale = m(image=b["x"], text=torch.cat([b["pos"], extra]))[:3]
+            img, txt, scale = clip_forward(m, kind, b["x"], torch.cat([b["pos"], extra]))
         img, txt = img.float(), txt.float()
         contrast = contrastive_loss(img, txt[:n], scale)
         if mode == "contrastive":
@@ -271,7 +214,7 @@ def _finetune(cfg: ThreeVLCocoRecipe, mode: str, lazy: LazyEncoder, run: Encoder
 
         probe_dir = Path(tempfile.mkdtemp(prefix="vlctl-3vl-probe-"))
         try:
-            probe = _fresh_model(lazy, cfg)
+            probe = fresh_model(lazy, cfg)
             r = train(probe, n_samples=n, make_batch=make_batch, loss_fn=loss_fn,
                       cfg=dataclasses.replace(loop, progress=False, checkpoint_every=0), out_dir=probe_dir,
                       param_groups=[{"params": list(lora_parameters(probe).values()), "lr": cfg.lr,
@@ -406,7 +349,7 @@ def _evaluate(cfg, lazy: LazyEncoder, run: EncoderRun, ft_dirs: dict, bench: dic
     from vlctl.eval.metrics import checklist_accuracy
     from vlctl.eval.retrieval import retrieval_recall
 
-    encoders = {"base": _base_encoder(lazy), **{m: _tuned_encoder(lazy, cfg, ft_dirs[m] / "adapters", run)
+    encoders = {"base": base_encoder(lazy), **{m: tuned_encoder(lazy, cfg, ft_dirs[m] / "adapters", run)
                                                 for m in FT_MODES}}
     arrays: dict[str, np.ndarray] = {}
     timings: dict[str, float] = {}
@@ -476,7 +419,8 @@ def run(out: Path, quick: bool = False, force: bool = False, stages=None, from_s
     runner = Runner(out, force=force, stages=stages, from_scratch=from_scratch,
                     device=(encoder_run or EncoderRun()).device, torchrun=True)
     if not encoder:
-        raise VlctlError("3vl-coco: --encoder SPEC is required (open_clip:<model>[/<tag or checkpoint>])")
+        raise VlctlError("3vl-coco: --encoder SPEC is required (open_clip:<model>[/<tag or checkpoint>] or "
+                         "hf:<CLIP name or dir>)")
     cfg = cfg or load_preset(quick)
     data = data or ThreeVLCocoData()
     run_cfg = encoder_run or EncoderRun()
@@ -490,7 +434,7 @@ def run(out: Path, quick: bool = False, force: bool = False, stages=None, from_s
     paths = train_data.image_paths()
     bench = _benchmarks(data)
     coco_test = _coco(data, "test")[0]
-    base = _base_encoder(lazy)
+    base = base_encoder(lazy)
     train_key = {"data": data_hash([ann], train_data.images, train_data.root), "n_captions": len(captions)}
     trees_dir = runner.stage("trees", {**train_key, "seed": cfg.seed, "generator": "vlctl.methods.trees"},
                              lambda w: _trees(cfg, captions, w))
