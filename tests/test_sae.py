@@ -276,7 +276,7 @@ def test_fit_with_resampling_keeps_fewer_dead(fitted):
 def test_fit_resumes_from_its_checkpoint_to_the_uninterrupted_weights(tmp_path, monkeypatch):
     import functools
 
-    import vlctl.train.loop as loop
+    from vlctl.train import loop
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(96, 8, generator=g) @ torch.randn(8, 8, generator=g)
