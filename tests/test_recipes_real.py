@@ -339,11 +339,15 @@ def test_controlembed_real_end_to_end(dataset, fixtures, tmp_path):
 THREE_VL_CFG = {"epochs": 1, "batch_size": 8, "max_train_captions": 16, "warmup_steps": 1, "lr": 1e-3}
 
 
-def test_3vl_coco_end_to_end(fixtures, tmp_path):
-    out = tmp_path / "out"
-    argv = ["reproduce", "3vl-coco", "--encoder", ENC, "--coco-root", str(fixtures["coco_root"]),
+def _three_vl_argv(fixtures, tmp_path: Path, encoder: str, out: Path) -> list[str]:
+    return ["reproduce", "3vl-coco", "--encoder", encoder, "--coco-root", str(fixtures["coco_root"]),
             "--coco-annotations", str(fixtures["coco_ann"]), *_compositional(fixtures["tmp"] / "comp"),
             "--out", str(out), *_config(tmp_path, "3vl", THREE_VL_CFG)]
+
+
+def test_3vl_coco_end_to_end(fixtures, tmp_path):
+    out = tmp_path / "out"
+    argv = _three_vl_argv(fixtures, tmp_path, ENC, out)
     assert main(argv) == 0
     r = _results(out)
     for key in ("recipe", "config", "paper", "checklist", "n_items", "failures_by_pos", "n_items_by_pos",
@@ -478,16 +482,11 @@ def test_help_lists_every_recipe_with_its_datasets(capsys):
 
 def test_3vl_coco_fine_tunes_a_hugging_face_clip(fixtures, tmp_path):
     """The same recipe on `hf:DIR` (a random-weight transformers CLIPModel): peft LoRA on its q/k/v/out
-    and MLP projections, the three fine-tunes, the merged models evaluated; a fine-tune is refused on
-    another base."""
+    and MLP projections, the three fine-tunes, the merged models evaluated."""
     from test_front_door import _save_hf_clip
 
-    hf = f"hf:{_save_hf_clip(tmp_path / 'clip')}"
     out = tmp_path / "out"
-    argv = ["reproduce", "3vl-coco", "--encoder", hf, "--coco-root", str(fixtures["coco_root"]),
-            "--coco-annotations", str(fixtures["coco_ann"]), *_compositional(fixtures["tmp"] / "comp"),
-            "--out", str(out), *_config(tmp_path, "3vl", THREE_VL_CFG)]
-    assert main(argv) == 0
+    assert main(_three_vl_argv(fixtures, tmp_path, f"hf:{_save_hf_clip(tmp_path / 'clip')}", out)) == 0
     r = _results(out)
     assert set(r["fine_tuning"]) == {"contrastive", "negclip", "tree"}
     assert all(v["steps"] == 2 for v in r["fine_tuning"].values())

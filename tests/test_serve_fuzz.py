@@ -17,7 +17,7 @@ from test_serve_api import shared_world, world_state
 EXAMPLES = 12  # per operation and mode: 10 operations x 2 modes
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one app per test: an app's lifespan ends with its test (its worker pools shut down)
 def api_schema(tmp_path_factory):
     from vlctl.serve import ServeConfig, create_app
 

@@ -78,14 +78,17 @@ class ServeConfig:
     max_pixels: int = opt(16_000_000, "largest uploaded image in pixels (width x height), read from its header",
                           ge=1, le=2**31)
     request_timeout: float = opt(30.0, "seconds a request may compute before it is answered 504", gt=0, le=3600)
-    workers: int = opt(4, "threads computing requests at once (more wait)", ge=1, le=256)
+    workers: int = opt(2, "threads computing requests at once (more wait; under one interpreter lock more "
+                          "threads only add switching: 2 measured best on 2 cores)", ge=1, le=256)
     job_workers: int = opt(1, "threads running background jobs (clustering)", ge=1, le=64)
     threads: int = opt(0, "torch / BLAS threads of the process (0: leave as they are)", ge=0, le=1024)
     heavy_process: bool = opt(True, "run explain and clustering in a separate process at lower CPU priority "
                               "(it loads its own copy of the models), so they never delay searches")
     heavy_threads: int = opt(1, "torch threads of that process (0: torch's default; 1 leaves the other cores to "
                              "the searches)", ge=0, le=1024)
-    heavy_nice: int = opt(0, "how much lower that process's CPU priority is (os.nice increment)", ge=0, le=19)
+    heavy_nice: int = opt(10, "how much lower that process's CPU priority is (os.nice increment): explain and "
+                          "clustering yield the cores to search and steer; 0 on a machine busy with other work, "
+                          "where a niced worker waits long", ge=0, le=19)
 
     def __post_init__(self) -> None:
         validate_config(self)
