@@ -169,12 +169,16 @@ class Trainer:
         for g in self.opt.param_groups:
             g["lr"] = self.lr * self.mult(self.t)
         self.t += 1
-        x_hat, loss = self.forward_loss(x)
+        loss, fvu = self.loss_and_fvu(x)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
         self.after_step()
-        return _fvu(x, x_hat.detach())
+        return fvu
+
+    def loss_and_fvu(self, x) -> tuple[torch.Tensor, float]:
+        x_hat, loss = self.forward_loss(x)
+        return loss, _fvu(x, x_hat.detach())
 
     def forward_loss(self, x):
         from vlctl.methods.sae import _normalised_mse
@@ -216,17 +220,12 @@ class VlctlTrainer(Trainer):
         self.loss_fn = FitLoss(cfg)
         super().__init__(model, model.parameters(), lr, total_steps)
 
-    def step(self, x: torch.Tensor) -> float:
-        # The loop's step (vlctl.train.loop.train) around fit's loss_fn. Its logged nmse is the batch
-        # FVU of this forward (_normalised_mse is _fvu with a detached denominator).
-        for g in self.opt.param_groups:
-            g["lr"] = self.lr * self.mult(self.t)
-        self.t += 1
+    def loss_and_fvu(self, x) -> tuple[torch.Tensor, float]:
+        # fit's own loss_fn; the base class's step is the loop's (vlctl.train.loop.train) around it.
+        # Its logged nmse is the batch FVU of this forward (_normalised_mse is _fvu with a detached
+        # denominator).
         loss, metrics = self.loss_fn(self.model, x)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        return metrics["nmse"]
+        return loss, metrics["nmse"]
 
     @torch.no_grad()
     def codes(self, x):

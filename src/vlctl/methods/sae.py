@@ -41,6 +41,7 @@ from vlctl.config import config_to_dict, opt
 from vlctl.io import VlctlError, read_json
 from vlctl.methods.base import Estimator, as_matrix, as_tensor, embedding_set
 from vlctl.methods.sae_kernels import picked_encode, sparse_decode
+from vlctl.train.distributed import is_distributed
 
 WEIGHTS_FILE = "sae.safetensors"
 CONFIG_FILE = "config.json"
@@ -129,10 +130,6 @@ class SAEOutput(NamedTuple):
     aux: torch.Tensor  # () AuxK loss (0 when no latent is dead)
     x_hat: torch.Tensor  # (n, d)
     z: torch.Tensor  # (n, d1)
-
-
-def _ddp() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _normalised_mse(target: torch.Tensor, pred: torch.Tensor, ddp: bool = False) -> torch.Tensor:
@@ -252,7 +249,7 @@ class TopKSAE(nn.Module):
         picked = picked_encode(x, self.W_E, self.b_E, self.b_pre, self.cfg.k, dead, n_aux)
         codes = F.relu(picked.values)  # (n, k): a kept negative pre-activation becomes 0
         x_hat = sparse_decode(picked.indices, codes, self.W_D) + self.b_pre
-        ddp = self.training and _ddp()  # every rank's counts are equal, so every rank takes the same branches
+        ddp = self.training and is_distributed()  # every rank's counts are equal, so every rank takes the same branches
         nmse = _normalised_mse(x, x_hat, ddp)
         if n_aux:
             # AuxK: the top n_aux dead latents reconstruct the detached residual (no b_pre).

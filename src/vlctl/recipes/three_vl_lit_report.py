@@ -15,7 +15,7 @@ import numpy as np
 
 from vlctl.data.scenes import CHECKLIST_CATEGORIES
 from vlctl.eval.checklist import checklist_accuracy
-from vlctl.recipes.three_vl_scenes_report import PAPER
+from vlctl.recipes.three_vl_scenes_report import PAPER, checklist_bars
 from vlctl.report import Report
 
 BASE_MODELS = ("base", "contrastive", "negclip", "tree")
@@ -169,28 +169,11 @@ frozen MiniLM's normalised sentence embeddings (text only).
 
 
 def _figure(out: Path, r: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     (out / "figures").mkdir(parents=True, exist_ok=True)
     cats = [*CATEGORIES, "average"]
-    x = np.arange(len(cats))
-    fig, ax = plt.subplots(figsize=(10, 3.6))
-    w = 0.8 / len(BASE_MODELS)
-    for i, m in enumerate(BASE_MODELS):
-        a = r["accuracy"][m]
-        ax.bar(x + (i - 1.5) * w, [a[c]["mean"] for c in cats], w, yerr=[a[c]["std"] for c in cats], label=m,
-               capsize=2)
-    ax.axhline(50, color="k", lw=0.8, ls=":")
-    ax.set_xticks(x, [c.replace("_", "\n") for c in cats], fontsize=7)
-    ax.set_ylabel("checklist accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.legend(fontsize=7, ncol=4)
-    fig.tight_layout()
-    fig.savefig(out / "figures" / "checklist.png", dpi=120)
-    plt.close(fig)
+    acc = r["accuracy"]
+    checklist_bars(out / "figures" / "checklist.png", cats, {m: [acc[m][c]["mean"] for c in cats] for m in BASE_MODELS},
+                   figsize=(10, 3.6), errors={m: [acc[m][c]["std"] for c in cats] for m in BASE_MODELS})
 
 
 def _fmt(cell: dict) -> str:

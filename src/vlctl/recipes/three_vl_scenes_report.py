@@ -90,6 +90,31 @@ patches; `deletion[model]["mean_drop_*"]` are their means and "holds" is relevan
 # --- figures and report --------------------------------------------------------------------------
 
 
+def checklist_bars(path: Path, cats: list[str], accuracy: dict[str, list[float]], figsize: tuple[float, float],
+                   errors: dict[str, list[float]] | None = None) -> None:
+    """Grouped bars of checklist accuracy: one group per category, one bar per model (`accuracy`:
+    model -> one value per category; `errors`: the same shape, drawn as error bars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = np.arange(len(cats))
+    fig, ax = plt.subplots(figsize=figsize)
+    w = 0.8 / len(accuracy)
+    for i, (m, values) in enumerate(accuracy.items()):
+        ax.bar(x + (i - (len(accuracy) - 1) / 2) * w, values, w, label=m,
+               **({"yerr": errors[m], "capsize": 2} if errors else {}))
+    ax.axhline(50, color="k", lw=0.8, ls=":")
+    ax.set_xticks(x, [c.replace("_", "\n") for c in cats], fontsize=7)
+    ax.set_ylabel("checklist accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7, ncol=len(accuracy))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _figures(out: Path, r: dict, data_dir: Path, eval_dir: Path) -> list[str]:
     import matplotlib
 
@@ -99,19 +124,8 @@ def _figures(out: Path, r: dict, data_dir: Path, eval_dir: Path) -> list[str]:
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
     cats = [*CHECKLIST_CATEGORIES, "average"]
-    x = np.arange(len(cats))
-    fig, ax = plt.subplots(figsize=(9, 3.6))
-    w = 0.8 / len(MODELS)
-    for i, m in enumerate(MODELS):
-        ax.bar(x + (i - (len(MODELS) - 1) / 2) * w, [r["checklist"][c][m] for c in cats], w, label=m)
-    ax.axhline(50, color="k", lw=0.8, ls=":")
-    ax.set_xticks(x, [c.replace("_", "\n") for c in cats], fontsize=7)
-    ax.set_ylabel("checklist accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.legend(fontsize=7, ncol=5)
-    fig.tight_layout()
-    fig.savefig(fig_dir / "checklist.png", dpi=120)
-    plt.close(fig)
+    checklist_bars(fig_dir / "checklist.png", cats, {m: [r["checklist"][c][m] for c in cats] for m in MODELS},
+                   figsize=(9, 3.6))
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for name, ls in (("base", "--"), ("tree", "-")):
