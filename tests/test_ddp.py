@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -54,3 +55,21 @@ def test_ddp_matches_single_process(tmp_path):
             torch.testing.assert_close(
                 got[name], ref[name], atol=1e-5, rtol=0, msg=lambda m, where=f"{kind}/{name}": f"{where}: {m}"
             )
+
+
+def test_a_cuda_index_names_that_gpu(monkeypatch):
+    """`rank_device` gives each torchrun rank "cuda:LOCAL_RANK"; a config may name "cuda:N": the
+    loop's device then is that GPU (it used to refuse every "cuda:N")."""
+    import torch
+
+    from vlctl.io import VlctlError
+    from vlctl.train.distributed import _pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _pick_device("cuda:1", 0) == torch.device("cuda", 1)
+    assert _pick_device("cuda", 3) == torch.device("cuda", 3)
+    with pytest.raises(VlctlError, match="'cpu', 'cuda', 'cuda:N' or None"):
+        _pick_device("cuda:x", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(VlctlError, match="device 'cuda:1' requested but no CUDA device is available"):
+        _pick_device("cuda:1", 0)

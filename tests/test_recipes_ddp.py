@@ -1,6 +1,6 @@
 """The real recipes under torchrun (2 CPU processes, gloo): the embedding stage shards the images
 over the ranks and equals the one-process run; the training stages run DDP through the project's
-loop; only rank 0 writes stages, results and the report and prints the stage lines; a rerun
+loop (ControlEmbed's fit too, equal to the one-process fit); only rank 0 writes stages, results and the report and prints the stage lines; a rerun
 reuses every stage; a run whose rank 1 dies mid fine-tuning leaves no finished stage behind and,
 restarted with the same command, resumes from the last checkpoint. Plus the sharding arithmetic.
 
@@ -83,7 +83,8 @@ def test_controlembed_under_torchrun_equals_one_process_and_reuses(tmp_path):
     # Rank 0 alone prints the stage lines, the estimate and the progress.
     assert proc.stderr.count("stage embed-fit: started (2 ranks)") == 1, proc.stderr[-4000:]
     assert proc.stderr.count("over 2 ranks, about") == 2 and proc.stderr.count("stage fit: done in") == 1
-    assert "stage fit: started (2 ranks)" not in proc.stderr  # one episode a step: rank 0 fits alone
+    # Every rank fits (each episode's anchors split over the ranks, DDP); rank 0 prints.
+    assert proc.stderr.count("stage fit: started (2 ranks)") == 1 and proc.stderr.count("stage fit: 60 steps") == 1
     r2 = json.loads((two / "results.json").read_text())
     assert not any(v["cached"] for k, v in r2["timings"].items() if isinstance(v, dict) and k != "evaluate")
     assert not list((two / "stages").glob("*.partial")) and not list((two / "stages").rglob(".shard-rank*"))
@@ -99,16 +100,78 @@ def test_controlembed_under_torchrun_equals_one_process_and_reuses(tmp_path):
                 # Rows in the one-process order; equal up to the rounding of another batch split.
                 np.testing.assert_allclose(b[k], a[k], atol=1e-6, rtol=0) if b[k].dtype.kind == "f" \
                     else np.testing.assert_array_equal(b[k], a[k])
-    # The fit stage: the same key, a fitted model.
-    fit_two = [p for p in (two / "stages").glob("fit-*")]
-    assert [p.name for p in fit_two] == [p.name for p in (one / "stages").glob("fit-*")]
-    assert (fit_two[0] / "ours").is_dir() and (fit_two[0] / "fit.json").is_file()
+    # The fit stage: the same key, and the models of the one-process fit up to float rounding.
+    import torch
+
+    from vlctl.methods.controlembed import ControlEmbed
+
+    [fit_two] = (two / "stages").glob("fit-*")
+    [fit_one] = (one / "stages").glob("fit-*")
+    assert fit_two.name == fit_one.name and (fit_two / "fit.json").is_file()
+    for name in [p.name for p in fit_one.iterdir() if (p / "fit_time.json").is_file()]:
+        a, b = ControlEmbed.load(fit_one / name).hypernet_, ControlEmbed.load(fit_two / name).hypernet_
+        for k, v in a.state_dict().items():
+            torch.testing.assert_close(b.state_dict()[k], v, atol=1e-5, rtol=0, msg=lambda m, w=f"{name}/{k}": f"{w}: {m}")
 
     proc = _torchrun([*argv, "--out", str(two)])  # a rerun under torchrun reuses every stage
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads((two / "results.json").read_text())
     assert all(v["cached"] for k, v in r["timings"].items() if isinstance(v, dict) and k != "evaluate")
     assert "started" not in proc.stderr
+
+
+# Run by torchrun in place of `-m vlctl`: rank 1 dies after the ControlEmbed fit of "ours" has
+# written its checkpoint at step 10 (os._exit: no cleanup, as a kill); rank 0 waits for it at a
+# barrier until torchrun stops it.
+_DYING_RANK_CE = """
+import os, sys
+from pathlib import Path
+import torch.distributed as dist
+from vlctl.train import loop
+real = loop.train
+def dying(*a, **kw):
+    if Path(kw["out_dir"]).name == "ours" and not kw.get("resume"):
+        real(*a, **{**kw, "stop_after_steps": 10})
+        if os.environ["RANK"] == "1":
+            os._exit(9)
+        dist.barrier()  # never passed: rank 1 is gone
+    return real(*a, **kw)
+loop.train = dying
+from vlctl.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_controlembed_fit_under_torchrun_survives_a_dying_rank_and_resumes(tmp_path):
+    import torch
+
+    from test_recipes_real import CE_CFG, ENC, _clevr4, _config
+    from vlctl.methods.controlembed import ControlEmbed
+
+    flags = ["--clevr4-root", str(_clevr4(tmp_path / "data")), *_config(tmp_path, "ce", CE_CFG)]
+    argv = ["reproduce", "controlembed-clevr4", "--encoder", ENC, *flags]
+    two, one = tmp_path / "two", tmp_path / "one"
+    script = tmp_path / "dying_rank.py"
+    script.write_text(_DYING_RANK_CE)
+    proc = _torchrun([*argv, "--out", str(two)], script=str(script))
+    assert proc.returncode != 0 and "exitcode  : 9 " in proc.stderr, proc.stderr[-3000:]  # rank 1's death
+    [partial] = (two / "stages").glob("fit-*.partial")
+    assert (partial / "run" / "ours" / "checkpoint" / "state.json").is_file() and not (partial / "ours").exists()
+
+    proc = _torchrun([*argv, "--out", str(two)])  # the same command, restarted
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stderr.count("stage fit: resuming from its checkpoint (2 ranks)") == 1, proc.stderr[-3000:]
+    [fit_two] = (two / "stages").glob("fit-*")
+    assert fit_two.suffix != ".partial" and json.loads((fit_two / "ours" / "fit_time.json").read_text())["resumed"]
+    # The resumed DDP fit is the uninterrupted one-process fit, up to float rounding.
+    assert main([*argv, "--out", str(one)]) == 0
+    [fit_one] = (one / "stages").glob("fit-*")
+    assert fit_one.name == fit_two.name
+    for name in [p.name for p in fit_one.iterdir() if (p / "fit_time.json").is_file()]:
+        a, b = ControlEmbed.load(fit_one / name).hypernet_, ControlEmbed.load(fit_two / name).hypernet_
+        for k, v in a.state_dict().items():
+            torch.testing.assert_close(b.state_dict()[k], v, atol=1e-5, rtol=0, msg=lambda m, w=f"{name}/{k}": f"{w}: {m}")
 
 
 # Run by torchrun in place of `-m vlctl`: rank 1 dies after the tree fine-tuning's first

@@ -27,7 +27,8 @@ Clustering: k-means on `normalize(G W + b)`, one clustering per attribute. Compo
 `alpha (q W_a + b_a) + (1 - alpha) (q W_b + b_b)`. Zero-shot classification: cosine of the
 transformed embedding with the subclass text embeddings.
 
-Training (on cached embeddings, with the project's training loop): every step is one episode of
+Training (on cached embeddings, with the project's training loop; `vlctl.methods.controlembed_fit`,
+also data-parallel under torchrun, and resumable from its checkpoint): every step is one episode of
 ONE category, drawn class-balanced (m images of each of its subclasses). With q'_i the
 transformed and g_j the frozen embeddings of the episode and y the subclass:
 
@@ -52,7 +53,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -64,9 +64,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlctl.artifacts import legacy_document, not_this_class
-from vlctl.config import config_to_dict, opt, validate_config
+from vlctl.config import opt, validate_config
 from vlctl.io import VlctlError, read_json
 from vlctl.methods.base import Estimator, as_matrix, embedding_set
+from vlctl.methods.controlembed_fit import controlembed_loss, fit_hypernet
 from vlctl.methods.prompts import (
     DEFAULT_TEMPLATES,
     minilm_id,
@@ -213,36 +214,6 @@ class AffineHyperNet(nn.Module):
         return eye, b
 
 
-def controlembed_loss(
-    q: torch.Tensor, g: torch.Tensor, y: torch.Tensor, text: torch.Tensor | None, temperature: float, align_weight: float
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The training loss of one episode (module docstring).
-
-    q: (B, D) transformed embeddings; g: (B, D) the same images' frozen embeddings; y: (B,) subclass
-    index in [0, K); text: (K, D) normalised subclass text embeddings (None: no alignment term).
-    Returns (loss, {"sr", "i2t", "t2i"}).
-    """
-    n = q.shape[0]
-    self_pair = torch.eye(n, dtype=torch.bool, device=q.device)
-    logits = (q @ g.T / temperature).masked_fill(self_pair, float("-inf"))
-    logp = torch.log_softmax(logits, dim=1)
-    pos = (y[:, None] == y[None, :]) & ~self_pair
-    n_pos = pos.sum(1)
-    has = n_pos > 0
-    sr = -(torch.where(pos, logp, 0.0).sum(1)[has] / n_pos[has]).mean()
-    stats = {"sr": float(sr.detach())}
-    if text is None or align_weight == 0:
-        return sr, stats
-    i2t = F.cross_entropy(q @ text.T / temperature, y)
-    logp_t = torch.log_softmax(text @ q.T / temperature, dim=1)  # (K, B): each text over the images
-    member = torch.arange(text.shape[0], device=q.device)[:, None] == y[None, :]
-    count = member.sum(1)
-    present = count > 0
-    t2i = -(torch.where(member, logp_t, 0.0).sum(1)[present] / count[present]).mean()
-    stats.update(i2t=float(i2t.detach()), t2i=float(t2i.detach()))
-    return sr + align_weight * (i2t + t2i), stats
-
-
 # --- array helpers -------------------------------------------------------------------------------
 
 
@@ -297,6 +268,8 @@ class ControlEmbed(Estimator):
         encoder_id: str | None = None,
         class_text_emb: Mapping[str, Any] | None = None,
         category_emb: Mapping[str, Any] | None = None,
+        checkpoint_every: int = 0,
+        resume: bool = False,
     ) -> ControlEmbed:
         """Train one hypernetwork for all categories of `labels`; returns self.
 
@@ -308,9 +281,13 @@ class ControlEmbed(Estimator):
         class_text_emb: {category: (K, D) text embedding of each subclass, rows in sorted
             subclass order} (`prompt_ensemble`); required when align_weight > 0.
         category_emb: {category: (cond_dim,)}; default: MiniLM embeddings of the category names.
-        """
-        from vlctl.train.loop import LoopConfig, default_param_groups, sample_rng, train
+        checkpoint_every: write the training loop's checkpoint into `out_dir` every this many steps;
+            resume: continue from it (refused for another config, encoder, data or number of
+            ranks), with the same result as the uninterrupted fit.
 
+        Under torchrun every rank calls fit and the episodes' anchors are split over the ranks
+        (`vlctl.methods.controlembed_fit`): the one-process fit up to float rounding.
+        """
         data = embedding_set(source, encoder_id=encoder_id)
         encoder_id = data.encoder_id
         x = normalize_rows(data.image)
@@ -352,57 +329,12 @@ class ControlEmbed(Estimator):
         cfg = self._resolve(embed_dim=d, cond_dim=cond.shape[1])
         cfg = dataclasses.replace(cfg, head_rank=cfg.code_dim)  # the saved config names the layer it built
         net = AffineHyperNet(cfg, seed=cfg.seed)
-        x_t, cond_t = torch.from_numpy(x), torch.from_numpy(cond)
-        text_t = {c: torch.from_numpy(t) for c, t in text.items()} if text is not None else None
-        m, k_max = cfg.images_per_subclass, cfg.max_subclasses_per_batch
-
-        def make_batch(episodes: np.ndarray, epoch: int):
-            # One episode per step, a pure function of (seed, epoch, episode): its category
-            # cycles over the categories, the images come from the episode's own RNG.
-            (episode,) = episodes
-            rng = sample_rng(cfg.seed, epoch, episode)
-            ci = int(episode) % len(categories)
-            groups = members[categories[ci]]
-            chosen = np.arange(len(groups)) if len(groups) <= k_max else np.sort(rng.choice(len(groups), k_max, replace=False))
-            idx, y = [], []
-            for slot, k in enumerate(chosen):
-                pool = groups[k]
-                idx.append(rng.choice(pool, size=min(m, len(pool)), replace=False))
-                y.append(np.full(len(idx[-1]), slot))
-            idx_t = torch.from_numpy(np.concatenate(idx))
-            txt = text_t[categories[ci]][torch.from_numpy(chosen)] if text_t is not None else torch.zeros(0)
-            return cond_t[ci : ci + 1], x_t[idx_t], torch.from_numpy(np.concatenate(y)), txt
-
-        def loss_fn(model: nn.Module, batch):
-            cond_b, g, y, txt = batch
-            w, b = model(cond_b)
-            q = g @ w[0] + b[0]
-            return controlembed_loss(q, g, y, txt if txt.numel() else None, cfg.temperature, cfg.align_weight)
-
-        loop_cfg = LoopConfig(
-            epochs=1, batch_size=1, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999),
-            warmup_steps=min(cfg.warmup_steps, cfg.steps - 1), seed=cfg.seed, progress=self.progress,
-            log_every=max(1, min(50, cfg.steps)),
-        )
-        run_config = {"controlembed": config_to_dict(cfg), "encoder_id": encoder_id, "categories": categories}
-        # Factored: PyTorch's fused AdamW (the same update up to rounding, one pass per tensor: half the
-        # for-loop AdamW's time at D = 512). Unfactored: the loop's default, bit-identical to before.
-        groups = [{**g, "fused": True} for g in default_param_groups(net, cfg.weight_decay)] if cfg.head_rank else None
-        tmp = tempfile.TemporaryDirectory(prefix="vlctl-controlembed-") if self.out_dir is None else None
-        threads = torch.get_num_threads()
-        try:
-            if cfg.threads > 0:
-                torch.set_num_threads(cfg.threads)
-            result = train(net, n_samples=cfg.steps, make_batch=make_batch, loss_fn=loss_fn, cfg=loop_cfg,
-                           out_dir=tmp.name if tmp else self.out_dir, run_config=run_config, device=cfg.device,
-                           param_groups=groups)
-        finally:
-            torch.set_num_threads(threads)
-            if tmp is not None:
-                tmp.cleanup()
+        final_loss = fit_hypernet(net, cfg, x, categories, members, cond, text, encoder_id=encoder_id,
+                                  progress=self.progress, out_dir=self.out_dir, checkpoint_every=checkpoint_every,
+                                  resume=resume)
         self._set_fitted(net.cpu().eval(), encoder_id, categories, subclasses,
                          dict(zip(categories, cond)), text, condition_id)
-        self.final_loss_ = result.final_loss
+        self.final_loss_ = final_loss
         return self
 
     @staticmethod

@@ -28,7 +28,7 @@ from torch import nn
 
 from vlctl.artifacts import legacy_document, load_checked_state, read_weights
 from vlctl.config import config_to_dict, opt
-from vlctl.io import VlctlError, atomic_save_safetensors, read_json
+from vlctl.io import VlctlError, atomic_save_safetensors, hash_state_dict, read_json
 from vlctl.methods.base import Estimator, as_matrix, as_tensor, embedding_set, is_store_like
 from vlctl.methods.tevi_scoring import (
     Reranked,
@@ -191,6 +191,14 @@ LEGACY_CONFIG_FILE = "tevi.json"  # vlctl 0.1 (now config.json)
 SAE_DIR = "sae"
 
 
+def _data_hash(x: torch.Tensor, captions: torch.Tensor, partners: np.ndarray | None, text_encoder: dict | None) -> str:
+    """Content hash of the mask fit's data: image embeddings, captions (embeddings or the text
+    encoder's inputs), partners, and the initial weights of a fine-tuned text encoder."""
+    state = {"x": x, "captions": captions, **({"partners": torch.from_numpy(partners)} if partners is not None else {}),
+             **{f"text_encoder.{k}": v for k, v in (text_encoder or {}).items()}}
+    return hash_state_dict(state)
+
+
 def _embeddings(x: Any, name: str, d: int | None = None) -> torch.Tensor:
     t = as_tensor(as_matrix(x, name))
     if d is not None and t.shape[1] != d:
@@ -227,11 +235,17 @@ class TEVI(Estimator):
         text_encoder: nn.Module | None = None,
         texts: Any = None,
         partners: Any = None,
+        checkpoint_every: int = 0,
+        resume: bool = False,
     ) -> TEVI:
         """Train the mask on pairs (image i, caption i) of `source`: a store with captions, or an
         (n, d) image array with `text_emb` (n, d), fixed. Or the captions are `texts` (n, ...) run
         through `text_encoder`, which is then fine-tuned at `text_lr`. The embeddings' encoder
-        (`encoder_id` with arrays; default: the SAE's) must be the SAE's. Returns self."""
+        (`encoder_id` with arrays; default: the SAE's) must be the SAE's. Returns self.
+
+        `checkpoint_every` (steps) writes the training loop's checkpoint into `out_dir`; `resume`
+        continues from it, refused when it was written for another config, encoder, SAE, data or
+        initial text encoder, with the same result as the uninterrupted fit."""
         from vlctl.methods.sae import SparseAutoencoder
         from vlctl.train.loop import LoopConfig, default_param_groups, train
 
@@ -240,6 +254,8 @@ class TEVI(Estimator):
                              "sae=, e.g. fit(image_emb, text_emb, sae=sae)")
         if sae is None:
             raise VlctlError("TEVI.fit: pass the fitted SparseAutoencoder the mask acts on as sae=")
+        if (checkpoint_every or resume) and self.out_dir is None:
+            raise VlctlError("TEVI.fit: checkpoint_every / resume need out_dir (where the checkpoint lives)")
         sae_model = sae._check_fitted()
         if (text_encoder is None) != (texts is None) or (text_encoder is not None and text_emb is not None):
             raise VlctlError("fit: pass exactly one of text_emb (fixed captions) or text_encoder + texts (fine-tuned)")
@@ -270,6 +286,11 @@ class TEVI(Estimator):
         torch.manual_seed(cfg.seed)
         mask = TeviMask(cfg)
         net = _TeviTrainer(mask, sae_model.W_D, sae_model.b_pre, text_encoder)
+        run_config = {"tevi": config_to_dict(cfg), "encoder_id": sae.encoder_id_}
+        if self.out_dir is not None:  # a checkpoint that outlives the fit: what a resume must find again
+            # (the trainer's state holds the SAE decoder: resumed over another SAE it would be swapped)
+            run_config.update(sae=hash_state_dict(sae_model.state_dict()), data=_data_hash(
+                x, captions, partners, None if text_encoder is None else text_encoder.state_dict()))
         groups = default_param_groups(mask, cfg.weight_decay)
         if text_encoder is not None:
             groups.append({"params": [p for p in text_encoder.parameters() if p.requires_grad],
@@ -289,12 +310,13 @@ class TEVI(Estimator):
         loop_cfg = LoopConfig(
             epochs=cfg.epochs, batch_size=min(cfg.batch_size, n), lr=cfg.lr, weight_decay=cfg.weight_decay,
             warmup_steps=cfg.warmup_steps, seed=cfg.seed, progress=self.progress, log_every=50,
+            checkpoint_every=checkpoint_every,
         )  # fmt: skip
         tmp = tempfile.TemporaryDirectory(prefix="vlctl-tevi-") if self.out_dir is None else None
         try:
             train(net, n_samples=n, make_batch=make_batch, loss_fn=loss_fn, cfg=loop_cfg,
                   out_dir=tmp.name if tmp else self.out_dir, param_groups=groups, device=cfg.device,
-                  run_config={"tevi": config_to_dict(cfg), "encoder_id": sae.encoder_id_})
+                  run_config=run_config, resume=resume)
         finally:
             if tmp is not None:
                 tmp.cleanup()

@@ -11,7 +11,9 @@ translation-only ablation, one adapter per attribute) -> evaluate -> report. Spl
 Stanford 40 their own (`fit_split` / `eval_split`); ShotBench ships one test file, so its images
 are split in two by a seeded permutation (`eval_fraction`), the hypernetwork never sees the
 evaluation images. Under torchrun (`vlctl.recipes.runner`) the embedding stages shard the images
-over the ranks; rank 0 alone fits (one episode per step), evaluates and reports.
+over the ranks and every rank fits (each episode's anchors split over the ranks, DDP); rank 0
+alone evaluates and reports. The fit stage resumes after a kill: models already saved are kept,
+the one in training continues from its checkpoint (in the stage's run/).
 
 Missing labels (ShotBench asks about one or a few categories per image): evaluation uses, per
 category, the evaluation images labelled for it; the fit uses the images labelled in every
@@ -25,6 +27,7 @@ paper), so reports and figures read both.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 import warnings
 from pathlib import Path
@@ -46,6 +49,7 @@ from vlctl.recipes.real_common import (
     load_embeddings,
     rank_device,
     report_header,
+    say_main,
 )
 from vlctl.recipes.real_data import LAYOUTS, Clevr4Data, ShotBenchData, Stanford40Data, flag, need_dir, need_file
 from vlctl.recipes.runner import Runner
@@ -192,8 +196,16 @@ def _fit_rows(fit: Labelled) -> tuple[np.ndarray, list[str], list[str]]:
     return rows, cats, dropped
 
 
-def _fit(cfg: ControlEmbedRealRecipe, emb: dict, fit: Labelled, encoder_id: str, device: str, work: Path) -> None:
+def _fit(cfg: ControlEmbedRealRecipe, emb: dict, fit: Labelled, encoder_id: str, device: str, work: Path,
+         resume: bool = False) -> None:
+    """The fit stage: every model into work/<name>/, each fit checkpointed in work/run/<name>/.
+
+    Under torchrun every rank fits (data-parallel, `ControlEmbed.fit`); rank 0 writes. Resumed
+    (`resume`, the stage's .partial/ from a killed run), a model already saved is kept and the
+    one that was training continues from its last checkpoint."""
     from vlctl.methods.controlembed import ControlEmbed
+    from vlctl.methods.controlembed_fit import checkpoint_ranks
+    from vlctl.train.distributed import all_gather_object, barrier, rank_and_world
 
     rows, cats, dropped = _fit_rows(fit)
     x = emb["image_emb"][rows]
@@ -203,28 +215,53 @@ def _fit(cfg: ControlEmbedRealRecipe, emb: dict, fit: Labelled, encoder_id: str,
             for c in cats}
     common = {"hidden": cfg.hidden, "rank": cfg.rank, "temperature": cfg.temperature, "align_weight": cfg.align_weight,
               "images_per_subclass": cfg.images_per_subclass, "lr": cfg.hyper_lr, "seed": cfg.seed, "device": device}
+    plan = [("ours", cats, cfg.hyper_steps, cfg.parameterisation),
+            ("translation_only", cats, cfg.hyper_steps, "translation")]
+    plan += [(f"per_attribute_{c}", [c], max(1, cfg.hyper_steps // len(cats)), cfg.parameterisation) for c in cats]
+    # Rank 0's view of what a killed run finished (fit_time.json is written last), for every rank:
+    # the ranks must run the same fits.
+    saved = all_gather_object(sorted(name for name, *_ in plan if (work / name / "fit_time.json").is_file())
+                              if resume else [])[0]
 
     def one(name: str, cs: list[str], steps: int, parameterisation: str) -> None:
+        run = work / "run" / name
+        # Checkpoints on the loop's logging steps (every min(50, steps)), about ten a fit: a fit
+        # resumed from one then logs, and saves, the final loss of the uninterrupted fit.
+        log_every = min(50, steps)
+        every = log_every * max(1, steps // (10 * log_every))
+        # Rank 0 decides for all: resume the fit's checkpoint if it has one, of as many ranks as now
+        # (the fit refuses another number; that one fit then starts over, the stage still resumes).
+        ranks = all_gather_object(checkpoint_ranks(run / "checkpoint") if resume and is_main_rank() else None)[0]
+        again = ranks == rank_and_world()[1]
+        if ranks is not None and not again:
+            say_main(f"stage fit: {name}: its checkpoint is of {ranks} ranks, this run has {rank_and_world()[1]}; "
+                     "fitting it again")
+            if is_main_rank():
+                shutil.rmtree(run)
+            barrier()
         t0 = time.perf_counter()
-        model = ControlEmbed(parameterisation=parameterisation, steps=steps, **common)
-        model.fit(x, {c: y[c] for c in cs}, encoder_id=encoder_id, class_text_emb={c: text[c] for c in cs})
+        model = ControlEmbed(parameterisation=parameterisation, steps=steps, out_dir=run, **common)
+        model.fit(x, {c: y[c] for c in cs}, encoder_id=encoder_id, class_text_emb={c: text[c] for c in cs},
+                  checkpoint_every=every, resume=again)
         if not is_main_rank():  # under torchrun every rank fits (DDP); rank 0 writes
             return
         model.save(work / name)
-        atomic_write_json(work / name / "fit_time.json", {"seconds": time.perf_counter() - t0, "steps": steps})
+        atomic_write_json(work / name / "fit_time.json", {"seconds": time.perf_counter() - t0, "steps": steps,
+                                                          "resumed": again})
+        shutil.rmtree(run / "checkpoint")  # the saved model replaces it (its log.jsonl stays)
 
-    probe = min(20, cfg.hyper_steps)
-    t0 = time.perf_counter()
-    ControlEmbed(parameterisation=cfg.parameterisation, steps=probe, **common).fit(
-        x, y, encoder_id=encoder_id, class_text_emb=text)
-    rate = probe / max(time.perf_counter() - t0, 1e-9)
-    total = cfg.hyper_steps * 2 + max(1, cfg.hyper_steps // len(cats)) * len(cats)
-    d = x.shape[1]
-    estimate_line("stage fit", total, rate, 16 * cfg.hidden * (d * d + d) + x.nbytes, unit="steps")
-    one("ours", cats, cfg.hyper_steps, cfg.parameterisation)
-    one("translation_only", cats, cfg.hyper_steps, "translation")
-    for c in cats:
-        one(f"per_attribute_{c}", [c], max(1, cfg.hyper_steps // len(cats)), cfg.parameterisation)
+    if not saved:  # a first start: time a few steps for the estimate (a resumed stage has had it)
+        probe = min(20, cfg.hyper_steps)
+        t0 = time.perf_counter()
+        ControlEmbed(parameterisation=cfg.parameterisation, steps=probe, **common).fit(
+            x, y, encoder_id=encoder_id, class_text_emb=text)
+        rate = probe / max(time.perf_counter() - t0, 1e-9)
+        total = sum(steps for *_, steps, _ in plan)
+        d = x.shape[1]
+        estimate_line("stage fit", total, rate, 16 * cfg.hidden * (d * d + d) + x.nbytes, unit="steps")
+    for name, cs, steps, parameterisation in plan:
+        if name not in saved:
+            one(name, cs, steps, parameterisation)
     if is_main_rank():
         atomic_write_json(work / "fit.json", {"categories": cats, "dropped": dropped, "n_fit": len(rows)})
 
@@ -396,13 +433,14 @@ def _run(name: str, out: Path, quick: bool, force: bool, stages, encoder: str | 
     encoder_id = read_json(fit_stage / "encoder.json")["encoder_id"]
     hyper = ("parameterisation", "rank", "hidden", "hyper_steps", "hyper_lr", "images_per_subclass", "temperature",
              "align_weight")
-    # Under torchrun the ranks part after the embedding stages: ControlEmbed trains one episode
-    # (one category's images) per step, which the loop cannot split over ranks, and on frozen
-    # embeddings it is the cheap part; rank 0 fits, evaluates and reports alone.
+    # Under torchrun every rank fits (each episode's anchors split over the ranks); a killed fit
+    # resumes from its checkpoint. Then the ranks part: rank 0 evaluates and reports alone.
+    fit_dir = runner.stage("fit", {"embed": fit_stage.name, **{f: getattr(cfg, f) for f in hyper}},
+                           lambda w, resume: _fit(cfg, fit_emb, fit, encoder_id, rank_device(run_cfg.device), w,
+                                                  resume),
+                           resumable=True, distributed=True)
     if not runner.leave():
         return out / "report.md"
-    fit_dir = runner.stage("fit", {"embed": fit_stage.name, **{f: getattr(cfg, f) for f in hyper}},
-                           lambda w: _fit(cfg, fit_emb, fit, encoder_id, rank_device(run_cfg.device), w))
     t_eval = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # sklearn / k-means chatter on tiny fixtures

@@ -8,7 +8,8 @@ embeddings of the frozen encoder) -> sae (TopK SAE, K=128, AuxK 256, expansion 3
 -> tevi (the caption-conditioned mask, negative conditioning, Eq. 11) -> embed-<benchmark> (COCO
 test, Flickr30k test, DOCCI, IIW, RoCOCO) -> sae-sweep (K x expansion) -> evaluate -> report.
 Under torchrun (`vlctl.recipes.runner`) the embedding stages shard the images over the ranks and
-the SAE, mask and sweep fits train DDP; rank 0 evaluates and reports.
+the SAE, mask and sweep fits train DDP; rank 0 evaluates and reports. The sae and tevi stages
+resume after a kill from their last checkpoint (in the stage's run/).
 
 Reported: positive-pair alignment before / after editing (COCO test), R@1/5/10 both ways for
 base vs exhaustive TEVI vs TEVI-rerank of the base top k on every benchmark given, RoCOCO R@1,
@@ -230,9 +231,13 @@ def _tower_texts(tower, encoder, texts: list[str], device: str, batch: int = 256
     return np.concatenate(out) if out else np.zeros((0, int(encoder.embed_dim)), np.float32)
 
 
-def _tevi_stage(cfg, train, sae_dir: Path, device: str, work: Path, lazy=None, captions=None) -> None:
+def _tevi_stage(cfg, train, sae_dir: Path, device: str, work: Path, lazy=None, captions=None,
+                resume: bool = False) -> None:
+    import shutil
+
     from vlctl.methods.sae import SparseAutoencoder
     from vlctl.methods.tevi import TEVI
+    from vlctl.train.distributed import barrier
 
     sae = SparseAutoencoder.load(sae_dir / "sae")
     iot = train["image_of_text"]
@@ -245,28 +250,38 @@ def _tevi_stage(cfg, train, sae_dir: Path, device: str, work: Path, lazy=None, c
                     batch_size=cfg.mask_batch_size, seed=cfg.seed, device=device, out_dir=out_dir, progress=False,
                     text_lr=cfg.text_lr)
 
-    def fit(est, rows):
+    def fit(est, rows, **kw):
         if not cfg.text_finetune:
-            return est.fit(x[rows], t[rows], sae=sae)
+            return est.fit(x[rows], t[rows], sae=sae, **kw)
         enc = lazy.get()
-        return est.fit(x[rows], sae=sae, text_encoder=_TextTower.build(enc), texts=tokens[rows])
+        return est.fit(x[rows], sae=sae, text_encoder=_TextTower.build(enc), texts=tokens[rows], **kw)
 
     tokens = lazy.get().tokenize(captions) if cfg.text_finetune else None
-    probe = min(len(t), 4 * batch)  # four steps, timed: the rate
-    t0 = time.perf_counter()
-    fit(make(1, None), slice(0, probe))
-    rate = max(1, probe // batch) / max(time.perf_counter() - t0, 1e-9)
-    d, d1 = x.shape[1], sae.config_.n_latents
-    estimate_line("stage tevi", steps, rate, 16 * cfg.mask_hidden * (d + cfg.mask_hidden + d1)
-                  + 4 * batch * batch * (d + d1) + x.nbytes + t.nbytes, unit="steps")
+    # A stage killed before its first checkpoint starts over: nothing to resume from.
+    resume = resume and (work / "run" / "checkpoint" / "state.json").is_file()
+    if not resume:
+        probe = min(len(t), 4 * batch)  # four steps, timed: the rate
+        t0 = time.perf_counter()
+        fit(make(1, None), slice(0, probe))
+        rate = max(1, probe // batch) / max(time.perf_counter() - t0, 1e-9)
+        d, d1 = x.shape[1], sae.config_.n_latents
+        estimate_line("stage tevi", steps, rate, 16 * cfg.mask_hidden * (d + cfg.mask_hidden + d1)
+                      + 4 * batch * batch * (d + d1) + x.nbytes + t.nbytes, unit="steps")
+        if is_main_rank() and (work / "run").exists():
+            shutil.rmtree(work / "run")  # the stage's own half-run, from before the kill
+        barrier()
     tevi = make(cfg.mask_epochs, work / "run")
     t0 = time.perf_counter()
-    fit(tevi, slice(None))
+    every = max(1, steps // 10)  # about ten checkpoints a fit
+    if every >= 50:
+        every -= every % 50  # on the loop's logging steps: a fit resumed from one logs the uninterrupted final loss
+    fit(tevi, slice(None), checkpoint_every=every, resume=resume)
     seconds = time.perf_counter() - t0
     if not is_main_rank():
         return
     tevi.save(work / "tevi")
-    atomic_write_json(work / "fit.json", {"seconds": seconds, "steps": steps, "steps_per_s": steps / max(seconds, 1e-9)})
+    atomic_write_json(work / "fit.json", {"seconds": seconds, "steps": steps, "steps_per_s": steps / max(seconds, 1e-9),
+                                          "resumed": resume})
 
 
 def _sweep_stage(cfg, train, test_img: np.ndarray, encoder_id: str, device: str, work: Path,
@@ -414,8 +429,9 @@ def run(out: Path, quick: bool = False, force: bool = False, stages: str | Path 
     mask_key = {"sae": sae_dir.name, **{f: getattr(cfg, f) for f in ("conditioning", "mask_hidden", "mask_epochs",
                                                                      "mask_lr", "mask_batch_size", "text_finetune",
                                                                      "text_lr")}}
-    tevi_dir = runner.stage("tevi", mask_key, lambda w: _tevi_stage(cfg, train, sae_dir, device, w, lazy, caps),
-                            distributed=True)
+    tevi_dir = runner.stage("tevi", mask_key,
+                            lambda w, resume: _tevi_stage(cfg, train, sae_dir, device, w, lazy, caps, resume),
+                            resumable=True, distributed=True)
     headline = next(iter(bench))
     test_img = bench_emb[headline]["image_emb"]
     sweep_key = {"train": train_dir.name, "test": headline, "k": list(cfg.sweep_k),

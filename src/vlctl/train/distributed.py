@@ -38,11 +38,16 @@ def _pick_device(device: str | None, local_rank: int) -> torch.device:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         return torch.device("cpu")
-    if device == "cuda":
+    if device == "cuda" or device.startswith("cuda:"):
         if not torch.cuda.is_available():
-            raise VlctlError("device 'cuda' requested but no CUDA device is available")
-        return torch.device("cuda", local_rank)
-    raise VlctlError(f"device must be 'cpu', 'cuda' or None (auto), got {device!r}")
+            raise VlctlError(f"device {device!r} requested but no CUDA device is available")
+        # "cuda": this rank's GPU; "cuda:N" (what the recipes' rank_device gives each torchrun
+        # rank, and a config's device may name) that GPU.
+        index = local_rank if device == "cuda" else device.partition(":")[2]
+        if not str(index).isdigit():
+            raise VlctlError(f"device must be 'cpu', 'cuda', 'cuda:N' or None (auto), got {device!r}")
+        return torch.device("cuda", int(index))
+    raise VlctlError(f"device must be 'cpu', 'cuda', 'cuda:N' or None (auto), got {device!r}")
 
 
 def init_distributed(device: str | None = None, timeout_s: float | None = None) -> DistInfo:
