@@ -241,6 +241,9 @@ def test_demo_screenshots(browser, tmp_path):
     from vlctl.serve.demo import demo_state
 
     state = demo_state(demo)
+    # What `make demo` leaves behind: MAD is served from its test-split stage (the demo never
+    # renders the train split), with its TEVI model.
+    assert set(state.collections) == {"shapes", "mad"} and state.collections["mad"].tevi is not None
     state.warm()
     shots = _shots(tmp_path)
     with Server(create_app(state)) as s:

@@ -91,8 +91,10 @@ def mad_collection(stages: Path) -> Collection:
     from vlctl.methods.tevi import TEVI
     from vlctl.recipes import mad_clip
 
-    keys = mad_clip.stage_keys(mad_clip.load_preset(True))
-    data = find_stage(stages, "data", keys["data"], exact=True) / "test"
+    cfg = mad_clip.load_preset(True)
+    keys = mad_clip.stage_keys(cfg)
+    # The test split is a stage of its own (`MadData`): the demo never renders the train split.
+    data = find_stage(stages, "data-test", mad_clip.split_key(cfg, "test"), exact=True) / "test"
     train = find_stage(stages, "train", keys["train"], exact=True)
     store = _store_of(find_stage(stages, "embed", keys["train"]), mad_dataset_id(data))
     tevi = None
