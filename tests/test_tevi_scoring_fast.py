@@ -68,3 +68,40 @@ def test_embed_pairs_with_uneven_counts_equal_reference():
     image_idx, text_idx = image_idx[perm], text_idx[perm]
     got = pair_scores(*args, image_idx, text_idx, support=k, method="embed")
     torch.testing.assert_close(got, _reference(*args)[image_idx, text_idx], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 6])
+def test_half_symmetric_blocks_equal_reference(rows, monkeypatch):
+    # The no-autograd path's quadratic form in blocks of `rows` support rows: one block (6), two
+    # uneven ones (4, 5: 4 + 2, 5 + 1 rows), three (2) and one row per block (1).
+    P, Q, d1, d, k = 9, 7, 40, 8, 6
+    monkeypatch.setattr(tevi_scoring, "SYM_ROWS", rows)
+    monkeypatch.setattr(tevi_scoring, "BLOCK_ELEMENTS", 4 * k * k)  # image blocks of 4-6 images: 2-3 blocks
+    args = _problem(P, Q, d1, d, k, seed=11)
+    with torch.no_grad():
+        got = conditioned_scores(*args, chunk_size=(2, 3), k=k, method="sparse")
+    torch.testing.assert_close(got, _reference(*args), atol=1e-5, rtol=0)
+
+
+def test_rows_with_more_than_k_nonzeros_keep_their_k_largest():
+    # k below a row's number of nonzeros: each code is cut to its k largest magnitudes, on both paths.
+    P, Q, d1, d, k = 6, 5, 30, 8, 4
+    args = _problem(P, Q, d1, d, 7, seed=12)  # up to 7 nonzeros per row
+    latents = args[0].clone()
+    latents[0, :3] = -torch.tensor([5.0, 4.0, 3.0])  # negative values count by magnitude
+    assert int((latents != 0).sum(1).max()) > k
+    top = latents.abs().topk(k, dim=1).indices
+    cut = torch.zeros_like(latents).scatter(1, top, latents.gather(1, top))
+    want = _reference(cut, *args[1:])
+    with torch.no_grad():
+        fast = conditioned_scores(latents, *args[1:], k=k, method="sparse")
+    tracked = conditioned_scores(latents.clone().requires_grad_(True), *args[1:], k=k, method="sparse")
+    torch.testing.assert_close(fast, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(tracked.detach(), want, atol=1e-5, rtol=0)
+
+
+def test_support_pads_short_rows_at_the_front():
+    latents = torch.tensor([[0.0, 2.0, 0.0, 3.0, 0.0], [0.0] * 5, [1.0, 0.0, 0.0, 0.0, 4.0]])
+    idx, vals = tevi_scoring._support(latents, 3)
+    assert idx.tolist() == [[0, 1, 3], [0, 0, 0], [0, 0, 4]]
+    assert vals.tolist() == [[0.0, 2.0, 3.0], [0.0, 0.0, 0.0], [0.0, 1.0, 4.0]]

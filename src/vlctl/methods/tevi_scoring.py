@@ -18,18 +18,22 @@ nothing of the estimator, its files or the training loop.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from vlctl.io import VlctlError
 
 # Sizes of the sparse path's blocks, in elements: the Gram blocks A_p kept for one image block
-# (2^25: 128 MiB of float32), and one Gram GEMM's gathered (c, K, d) decoder rows (2^18: L2-sized).
-BLOCK_ELEMENTS = 1 << 25
+# (2^26: 256 MiB of float32), and one Gram GEMM's gathered (c, K, d) decoder rows (2^18: L2-sized).
+# Each image block recomputes every text's u_q = W_D t̂_q (Q·d·d1): at K=128 the no-autograd path
+# keeps 6,553 images per block (5k x 25k in one block; 2^25 took three, and 2 x 21% more work).
+BLOCK_ELEMENTS = 1 << 26
 GRAM_ELEMENTS = 1 << 18
+# Support rows per block of the no-autograd path's half-symmetric quadratic form (`_sparse_fast`).
+SYM_ROWS = 32
 
 
 def conditioned_scores(
@@ -51,16 +55,20 @@ def conditioned_scores(
     text_emb: (Q, d)  unnormalised text embeddings
     chunk_size: images per chunk and texts per chunk (an int means the same for both); default:
               512 texts and as many images as keep a chunk's (c, K, m) tensors near 2^19 elements
-              (L2-sized; at K=128 8 x 512, measured 1.2-1.3x faster than the 2^20 images-outer loop)
+              (L2-sized; at K=128 8 x 512, measured 1.2-1.3x faster than the 2^20 images-outer loop;
+              16 x 256 measured the same within noise)
     k: support size K; default: the largest number of nonzeros in a row of `latents`
     returns   (P, Q)
 
     Exact (no approximation) and differentiable in every input; the gradient w.r.t. `latents`
     lives on each row's support (the only entries a TopK code can move). Work is
     O(Q·d·d1 + P·K²·d + P·Q·K²): u for every text, the Gram blocks of every image, and one K x K
-    quadratic form per pair -- never a dense d1-long product per pair. Peak extra memory, besides
+    quadratic form per pair -- never a dense d1-long product per pair. Without autograd the K x K
+    blocks are symmetric and only their upper half is multiplied (`_sparse_fast`): 62.5% of the
+    P·K²·d and P·Q·K² multiply-adds at K=128. Peak extra memory, besides
     the inputs and the (P, Q) output, is O(P·K + B·K² + d1·m + B·m + c·K·m) elements for image chunk
-    c, text chunk m and image block B = 2^25 / K² (2,048 at K=128): the supports, one block's Gram
+    c, text chunk m and image block B = 2^26 / K² (4,096 at K=128; 6,553 without autograd, which
+    keeps only the upper half of each block): the supports, one block's Gram
     blocks, one text chunk's masks and m ⊙ u, and one (image, text) chunk's gathered masks. Never
     P·Q·d. (Under autograd the per-chunk tensors are kept for backward, as usual.)
 
@@ -102,66 +110,131 @@ def conditioned_scores(
     if chunk_size is None:
         chunk_size = (max(1, (1 << 19) // (k * 512)), 512)
     c_img, c_txt = (chunk_size, chunk_size) if isinstance(chunk_size, int) else chunk_size
-    # Support of each code: K indices and values; rows with fewer nonzeros are padded with
-    # index 0 and value 0, which adds nothing to any term below.
-    idx = latents.detach().abs().topk(k, dim=1).indices  # (P, K)
-    vals = latents.gather(1, idx)  # (P, K), differentiable in latents
-    idx = torch.where(vals.detach() != 0, idx, torch.zeros_like(idx))
+    idx, vals = _support(latents, k)
     # With y = z_p ⊙ m_q on S_p = v ⊙ M (v = z_p[S_p], M = m_q[S_p]) the image's values are folded
     # into its K x K block once, and a pair only needs its gathered mask entries M:
     #   ||e||² = M^T A_p M + w_p · M + ||b||²,  A_p = diag(v) G_p diag(v),  w_p = 2 v ⊙ (W_D b)[S_p]
     #   e · t̂  = v · (m_q ⊙ u_q)[S_p] + b · t̂ = z_p · (m_q ⊙ u_q) + b · t̂
-    # Per (image chunk, text chunk): one row gather of M, one batched K x K GEMM with w_p as its
-    # bias (baddbmm: a (K + 1)-row GEMM ran 10-20% slower than K rows), one in-place multiply and
-    # a sum over K. The numerator is a sparse (codes) x dense (m ⊙ u) product: measured 13x
-    # faster than gathering (m ⊙ u)[S_p] and a GEMV per image. (Under autograd: the same terms with
-    # differentiable ops: out-of-place multiply, the numerator from a gather.)
-    # Loops: image blocks of up to `big` images (their A_p, w_p kept: big·K² elements), then text
-    # chunks, then image chunks: a text chunk's (d1, m) masks and m ⊙ u are read by every image
-    # of the block while they are in cache (images-outer re-read the whole mask per image chunk).
     track = torch.is_grad_enabled() and any(t.requires_grad for t in (latents, masks, decoder, b_pre, text_emb))
-    big = max(c_img, BLOCK_ELEMENTS // (k * k))
-    gram_c = max(1, GRAM_ELEMENTS // (k * decoder.shape[1]))  # images per Gram GEMM: their K x d rows stay in L2
-    out_rows = []
+    run = _sparse_tracked if track else _sparse_fast
+    return run(idx, vals, masks, decoder, t_hat, (tb, wb, bb), c_img, c_txt)
+
+
+def _support(latents: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's nonzero latents as (P, K) indices, ascending, and their values (differentiable in
+    `latents`). A row with fewer than K nonzeros is padded at the front with index 0 and value 0,
+    which adds nothing to any term; one with more keeps its K largest in magnitude."""
+    P = latents.shape[0]
+    z = latents.detach()
+    nz = z.nonzero()  # row-major: each row's columns ascending (2.3x faster than topk over d1)
+    rows, cols = nz[:, 0], nz[:, 1]
+    counts = torch.bincount(rows, minlength=P)
+    if len(rows) and int(counts.max()) > k:
+        top = z.abs().topk(k, dim=1)
+        order = torch.where(top.values != 0, top.indices, -1).sort(dim=1)
+        keep = order.values >= 0
+        idx = order.values.clamp_min(0)
+    else:
+        # Slot of each nonzero: its rank within its row, shifted so that the row ends at slot K - 1.
+        start = torch.cumsum(counts, 0) - counts
+        slot = torch.arange(len(rows), device=z.device) - start[rows] + (k - counts)[rows]
+        idx = torch.zeros(P, k, dtype=torch.long, device=z.device)
+        keep = torch.zeros(P, k, dtype=torch.bool, device=z.device)
+        idx[rows, slot] = cols
+        keep[rows, slot] = True
+    return idx, torch.where(keep, latents.gather(1, idx), 0)
+
+
+def _sparse_fast(idx, vals, masks, decoder, t_hat, consts, c_img, c_txt):
+    """`conditioned_scores`' sparse path without autograd. The quadratic form uses half of A_p:
+    M^T A_p M = sum_i M_i^T (A_ii M_i + 2 sum_{j > i} A_ij M_j) over blocks of SYM_ROWS support
+    rows, so block row i is one (c, rows, K - lo_i) x (c, K - lo_i, m) GEMM over the trailing rows
+    of M: (B + 1) / 2B of the K² multiply-adds for B blocks (62.5% at K=128, 32-row blocks), and the
+    Gram blocks are made the same way. Each image chunk writes into preallocated buffers (fresh
+    (c, K, m) tensors per chunk measured slower: page faults and cache misses).
+    Loops: image blocks of up to `big` images (their blocks of A_p kept: about big·K²/2 elements),
+    then text chunks, then image chunks: a text chunk's (d1, m) masks are read by every image of
+    the block while they are in cache (images-outer re-read the whole mask per image chunk)."""
+    tb, wb, bb = consts
+    (P, k), Q, d = idx.shape, masks.shape[0], decoder.shape[1]
+    step = max(1, SYM_ROWS)
+    blocks = [(lo, min(lo + step, k)) for lo in range(0, k, step)]
+    big = max(c_img, BLOCK_ELEMENTS // sum((hi - lo) * (k - lo) for lo, hi in blocks))  # half of K² per image
+    gram_c = max(1, GRAM_ELEMENTS // (k * d))  # images per Gram GEMM: their K x d rows stay in L2
+    out = vals.new_empty((P, Q))
     for b0 in range(0, P, big):
         idx_b, vals_b = idx[b0 : b0 + big], vals[b0 : b0 + big]
         nb = len(idx_b)
-        a_b, w_b = [], []
+        # Block row i of A_p over columns lo_i: (v W_D[S_p])_i (v W_D[S_p])_{lo_i:}^T, right of the diagonal doubled.
+        a_blk = [vals_b.new_empty((nb, hi - lo, k - lo)) for lo, hi in blocks]
         for g0 in range(0, nb, gram_c):
+            g1 = min(g0 + gram_c, nb)
+            dec = decoder.index_select(0, idx_b[g0:g1].reshape(-1)).view(g1 - g0, k, d).mul_(vals_b[g0:g1, :, None])
+            for a, (lo, hi) in zip(a_blk, blocks):
+                torch.bmm(dec[:, lo:hi], dec[:, lo:].transpose(1, 2), out=a[g0:g1])
+        for a, (lo, hi) in zip(a_blk, blocks):
+            a[:, :, hi - lo :] *= 2
+        w_b = 2 * vals_b * wb[idx_b]  # (nb, K): w_p
+        for j0 in range(0, Q, c_txt):
+            j1 = min(j0 + c_txt, Q)
+            m = j1 - j0
+            m_blk = masks[j0:j1].T.contiguous()  # (d1, m): a gather reads contiguous rows
+            mu_blk = (decoder @ t_hat[j0:j1].T).mul_(m_blk)  # m_q ⊙ u_q, u_q = W_D t̂_q
+            # The two terms linear in M as weighted sums of K table rows (embedding_bag: as fast as a
+            # CSR x dense product at 512 texts, 2x at 256): z_p · (m_q ⊙ u_q) + b · t̂_q, and w_p · M + ||b||²
+            # (apart from the GEMMs, whose bias it was: copying a broadcast bias into the output cost a pass).
+            num_b = F.embedding_bag(idx_b, mu_blk, per_sample_weights=vals_b, mode="sum").add_(tb[j0:j1])
+            lin_b = F.embedding_bag(idx_b, m_blk, per_sample_weights=w_b, mode="sum").add_(bb)
+            mm = vals.new_empty((c_img * k, m))
+            r_buf = [vals.new_empty((c_img, hi - lo, m)) for lo, hi in blocks]
+            sq_buf, part_buf = vals.new_empty((c_img, m)), vals.new_empty((c_img, m))
+            for i0 in range(0, nb, c_img):
+                i1 = min(i0 + c_img, nb)
+                c = i1 - i0
+                g = torch.index_select(m_blk, 0, idx_b[i0:i1].reshape(-1), out=mm[: c * k]).view(c, k, m)  # M
+                sq, part = sq_buf[:c], part_buf[:c]
+                for n, ((lo, hi), a) in enumerate(zip(blocks, a_blk)):
+                    r = torch.bmm(a[i0:i1], g[:, lo:], out=r_buf[n][:c])  # A'_i M
+                    torch.sum(r.mul_(g[:, lo:hi]), 1, out=sq if n == 0 else part)
+                    sq += lin_b[i0:i1] if n == 0 else part
+                # Rounding can leave a tiny negative value for an edited embedding of (almost) zero length.
+                torch.div(num_b[i0:i1], sq.clamp_min_(1e-24).sqrt_(), out=out[b0 + i0 : b0 + i1, j0:j1])
+    return out
+
+
+def _sparse_tracked(idx, vals, masks, decoder, t_hat, consts, c_img, c_txt):
+    """`conditioned_scores`' sparse path under autograd: the same terms with differentiable ops (full
+    A_p, out-of-place multiply, the numerator from a gather); the per-chunk tensors are kept for backward."""
+    tb, wb, bb = consts
+    (P, k), Q, d = idx.shape, masks.shape[0], decoder.shape[1]
+    big = max(c_img, BLOCK_ELEMENTS // (k * k))
+    gram_c = max(1, GRAM_ELEMENTS // (k * d))
+    out_rows = []
+    for b0 in range(0, P, big):
+        idx_b, vals_b = idx[b0 : b0 + big], vals[b0 : b0 + big]
+        a_b, w_b = [], []
+        for g0 in range(0, len(idx_b), gram_c):
             flat = idx_b[g0 : g0 + gram_c].reshape(-1)
             v = vals_b[g0 : g0 + gram_c]
             dec = decoder.index_select(0, flat).view(len(v), k, -1)  # (c, K, d): W_D[S_p]
             a_b.append((dec @ dec.transpose(1, 2)) * (v[:, :, None] * v[:, None, :]))  # A_p
             w_b.append((2 * v * wb.index_select(0, flat).view(len(v), k))[:, :, None])  # (c, K, 1): w_p
         a_b, w_b = torch.cat(a_b), torch.cat(w_b)
-        if not track:
-            order = idx_b.sort(dim=1)  # CSR wants each row's columns ascending
-            with warnings.catch_warnings():  # "sparse CSR support is in beta": the (CSR x dense) product is all we use
-                warnings.simplefilter("ignore", UserWarning)
-                codes = torch.sparse_csr_tensor(
-                    torch.arange(0, nb * k + 1, k, device=idx.device), order.values.reshape(-1),
-                    vals_b.gather(1, order.indices).reshape(-1), size=(nb, d1), check_invariants=False)
         cols = []
         for j0 in range(0, Q, c_txt):
-            m_blk = masks[j0 : j0 + c_txt].T.contiguous()  # (d1, m): a gather reads contiguous rows
-            mu_blk = m_blk * (decoder @ t_hat[j0 : j0 + c_txt].T)  # m_q ⊙ u_q, u_q = W_D t̂_q
+            m_blk = masks[j0 : j0 + c_txt].T.contiguous()
+            mu_blk = m_blk * (decoder @ t_hat[j0 : j0 + c_txt].T)
             m = m_blk.shape[1]
-            num_b = codes @ mu_blk if not track else None  # (nb, m): z_p · (m_q ⊙ u_q)
             rows = []
-            for i0 in range(0, nb, c_img):
+            for i0 in range(0, len(idx_b), c_img):
                 flat = idx_b[i0 : i0 + c_img].reshape(-1)
                 c = len(flat) // k
                 mm = m_blk.index_select(0, flat).view(c, k, m)  # (c, K, m): M = m_q[S_p]
-                r = torch.baddbmm(w_b[i0 : i0 + c], a_b[i0 : i0 + c], mm)  # A_p M + w_p
-                if track:
-                    sq = (r * mm).sum(1)
-                    num = torch.bmm(vals_b[i0 : i0 + c, None, :], mu_blk.index_select(0, flat).view(c, k, m))[:, 0]
-                else:
-                    sq, num = r.mul_(mm).sum(1), num_b[i0 : i0 + c]
-                # Rounding can leave a tiny negative value for an edited embedding of (almost) zero length.
+                sq = (torch.baddbmm(w_b[i0 : i0 + c], a_b[i0 : i0 + c], mm) * mm).sum(1)
+                num = torch.bmm(vals_b[i0 : i0 + c, None, :], mu_blk.index_select(0, flat).view(c, k, m))[:, 0]
                 rows.append((num + tb[j0 : j0 + m]) / (sq + bb).clamp_min(1e-24).sqrt())
             cols.append(torch.cat(rows, dim=0))
-        out_rows.append(torch.cat(cols, dim=1) if cols else tb.new_zeros((nb, 0)))
+        out_rows.append(torch.cat(cols, dim=1) if cols else tb.new_zeros((len(idx_b), 0)))
     return torch.cat(out_rows, dim=0) if out_rows else tb.new_zeros((0, Q))
 
 
@@ -267,9 +340,8 @@ def pair_scores(
     k = max(1, min(k, latents.shape[1]))
     texts, qi = torch.unique(text_idx, return_inverse=True)  # the Q' texts used; qi: (n_pairs,)
     images, pi = torch.unique(image_idx, return_inverse=True)  # the P' images used
-    z = latents[images]
-    idx = z.abs().topk(k, dim=1).indices  # (P', K)
-    vals = z.gather(1, idx)
+    # Every image used (a rerank's usual case): no (P', d1) copy of the codes.
+    idx, vals = _support(latents if len(images) == len(latents) else latents[images], k)  # (P', K)
     n_pairs, d1, d = len(image_idx), latents.shape[1], decoder.shape[1]
     if method == "auto":
         method = pair_method(n_pairs, len(images), len(texts), d, d1, k)
@@ -289,9 +361,12 @@ def pair_scores(
     # Pass 1, pairs grouped by text: each pair's K mask entries are read from its text's row of
     # m, which stays in cache while that text's pairs are served: y = z_p ⊙ m_q on S_p.
     # Pass 2, pairs grouped by image: the image's K decoder rows W_D[S_p] serve all its pairs.
-    by_text = torch.argsort(qi, stable=True)
-    text_starts = torch.searchsorted(qi[by_text], torch.arange(len(texts) + 1, device=qi.device)).tolist()
-    by_image = torch.argsort(pi, stable=True)
+    # Within a text its pairs go by image, within an image by text: pass 2's row reads (of pass 1's
+    # rows and of the text embeddings) then run forward through memory instead of jumping about.
+    by_text = torch.argsort(qi * len(images) + pi)
+    qi_t, pi_t = qi[by_text], pi[by_text]
+    text_starts = torch.searchsorted(qi_t, torch.arange(len(texts) + 1, device=qi.device)).tolist()
+    by_image = torch.argsort(pi * len(texts) + qi)
     img_starts = torch.searchsorted(pi[by_image], torch.arange(len(images) + 1, device=pi.device)).tolist()
     c_txt = max(1, text_chunk)
     # Pass 1 writes its rows in text order; pass 2 reads row pos[j] for the j-th pair in image order.
@@ -309,11 +384,11 @@ def pair_scores(
         g = torch.empty(n_pairs, k, dtype=latents.dtype, device=latents.device)  # row r: pair by_text[r]
         for j0 in range(0, len(texts), c_txt):
             r0, r1 = text_starts[j0], text_starts[min(j0 + c_txt, len(texts))]
-            rows = by_text[r0:r1]
-            flat = row_off[qi[rows]][:, None] + idx_off[pi[rows]]  # (n, K) offsets into m
+            # (n, K) offsets into m, from index_select (advanced indexing measured slower)
+            flat = idx_off.index_select(0, pi_t[r0:r1]).add_(row_off.index_select(0, qi_t[r0:r1])[:, None])
             torch.index_select(m_flat, 0, flat.view(-1), out=g[r0:r1].view(-1))
         # e_{p|q} = m_q[S_p] (diag(z_p[S_p]) W_D[S_p]) + b_pre: one (n_p, K) x (K, d) GEMM per image,
-        # then cos(e, t̂_q). index_select and vecdot: measured 5x and 3x faster than advanced
+        # then cos(e, t̂_q). index_select and a dot product: measured 5x and 3x faster than advanced
         # indexing and cosine_similarity at these sizes.
         t_used, q_img = t_hat[texts], qi[by_image]
         score = torch.empty(n_pairs, dtype=latents.dtype, device=latents.device)  # image order
@@ -323,8 +398,8 @@ def pair_scores(
             s0, s1 = img_starts[i], img_starts[i + 1]
             dec = decoder.index_select(0, idx[i]).mul_(vals[i][:, None])  # (K, d)
             e = torch.addmm(b_pre, g.index_select(0, pos[s0:s1]), dec)  # (n_i, d)
-            num = torch.linalg.vecdot(e, t_used.index_select(0, q_img[s0:s1]))
-            score[s0:s1] = num / torch.linalg.vector_norm(e, dim=1).clamp_min(1e-12)
+            num = t_used.index_select(0, q_img[s0:s1]).mul_(e).sum(1)
+            torch.div(num, torch.linalg.vector_norm(e, dim=1).clamp_min_(1e-12), out=score[s0:s1])
         out = torch.empty(n_pairs, dtype=latents.dtype, device=latents.device)
         out[by_image] = score
         return out
