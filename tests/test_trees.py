@@ -196,9 +196,12 @@ def test_wordnet_antonyms_and_co_hyponyms():
     assert {"fox", "wolf"} <= set(wnmod.co_hyponyms(wn, "dog", "NOUN"))
     assert "football" in wnmod.co_hyponyms(wn, "baseball", "NOUN")  # via the hypernym's sisters
     assert wnmod.base_form(wn, "hands", "NOUN") == "hand" and wnmod.base_form(wn, "flying", "VERB") == "fly"
-    tree = TreeGenerator().tree("a wolf near a shallow pool", details=True)
+    tree = TreeGenerator(co_hyponyms=True).tree("a wolf near a shallow pool", details=True)
     stages = {r[0]: r[1:] for lv in tree for r in lv["replaced"]}
     assert stages["shallow"] == ["deep", "ADJ", "antonym"] and stages["wolf"] == ["dog", "NOUN", "co_hyponym"]
+    # co-hyponyms are off by default (issue 21: 1 of 11 judged acceptable)
+    tree = TreeGenerator().tree("a wolf near a shallow pool", details=True)
+    assert "wolf" not in {r[0] for lv in tree for r in lv["replaced"]}
 
 
 def test_fallback_without_wordnet(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ from vlctl.methods import wordnet as wnmod
 from vlctl.methods.negatives import (
     _COPULA,
     ADP_REPLACED,
+    COLORS,
     COMPOUNDS,
     FIXED_PHRASES,
     GROUND_COVER_OBJECTS,
@@ -32,6 +33,9 @@ from vlctl.methods.negatives import (
     NON_VISUAL_ADJ,
     POSTURE_VERBS,
     QUANTITY_NOUNS,
+    inflect_like,
+    pluralize,
+    zipf,
 )
 
 # Objects that make an idiom with a bare preposition ("standing in line", "in half", "on display").
@@ -43,7 +47,8 @@ PHRASAL_VERBS = frozenset({("hold", "onto"), ("hang", "onto"), ("hold", "on"), (
                            ("look", "into"), ("look", "after"), ("get", "on"), ("get", "off"), ("take", "off"),
                            ("put", "on"), ("line", "up"), ("dress", "up"), ("pick", "up"), ("set", "up"),
                            ("depend", "on"), ("focus", "on"), ("wait", "for"), ("look", "for"), ("reach", "for"),
-                           ("cling", "to"), ("hold", "up"), ("stare", "at"), ("gaze", "at")})
+                           ("cling", "to"), ("hold", "up"), ("stare", "at"), ("gaze", "at"), ("feed", "on"),
+                           ("show", "off"), ("feast", "on"), ("graze", "on"), ("live", "on"), ("chew", "on")})
 _OVERRIDE_TAGS = frozenset({"NOUN", "ADJ", "ADP", "VERB", "ADV", "DET", "NUM", "PROPN", "PRON", "CCONJ", "X"})
 
 
@@ -149,19 +154,26 @@ def noun_phrases(doc, units: dict[int, tuple[int, int]]) -> list[tuple[int, int]
     with quantity phrases whole ("a couple of dogs", not "a couple")."""
     spans = []
     for c in doc.noun_chunks:
-        if len(c) == 1 and c.root.pos_ == "PRON":
-            continue
+        if len(c) == 1 and (c.root.pos_ == "PRON" or c.root.lower_ in POSITION_NOUNS):
+            continue  # "front" of "in front of a truck": "a motorcycle and front of a truck" is no phrase
         s, e = c.start, c.end
         s = min([s] + [units[k][0] for k in range(s, e) if k in units])
         e = max([e] + [units[k][1] for k in range(s, e) if k in units])
         while e < len(doc) and doc[e - 1].dep_ == "compound" and doc[e - 1].head.i >= e:
             e = doc[e - 1].head.i + 1
+        # a noun the parser left outside ("a catchers" + "mitt"): a level must not end inside a compound
+        while (e < len(doc) and doc[e - 1].pos_ == "NOUN" and doc[e].pos_ == "NOUN" and doc[e - 1].whitespace_
+               and doc[e].lower_ not in RELATIONAL_NOUNS):
+            e += 1
         spans.append((s, e))
     merged: list[tuple[int, int]] = []
     for s, e in spans:
         prev = merged[-1] if merged else None
+        # "X of Y" is one phrase, for quantities ("a couple of dogs") and any "of" that attaches to X
+        # ("a small party of people", "sunlight of window": "a small party and people" is not English)
         if (prev is not None and prev[1] + 1 == s and doc[prev[1]].lower_ == "of"
-                and doc[prev[1] - 1].lower_ in QUANTITY_NOUNS and doc[prev[1] - 1].pos_ == "NOUN"):
+                and ((doc[prev[1] - 1].lower_ in QUANTITY_NOUNS and doc[prev[1] - 1].pos_ == "NOUN")
+                     or (prev[0] <= doc[prev[1]].head.i < prev[1] and doc[prev[1] - 1].lower_ not in RELATIONAL_NOUNS))):
             merged[-1] = (prev[0], e)
         elif prev is not None and s < prev[1]:
             merged[-1] = (prev[0], max(e, prev[1]))
@@ -200,22 +212,43 @@ def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int
             return "preposition without an object"
         if lower == "with" and tok.head.pos_ not in ("NOUN", "PROPN", "PRON"):
             return "'with' governed by a verb"
+        if lower == "by" and (tok.dep_ == "agent" or tok.head.tag_ == "VBN"):
+            return "'by' of a passive agent"  # "pulled by horses" -> "pulled behind horses"
         head = tok.head
         # (a curated list: WordNet's verb lemmas are too broad, "stand_in" = substitute)
         if head.pos_ == "VERB" and head.i == tok.i - 1 and (_verb_lemma(head.lower_), lower) in PHRASAL_VERBS:
             return f"phrasal verb {head.text + ' ' + tok.text!r}"
         objs = [c for c in tok.children if c.dep_ == "pobj"]
+        if lower in ("with", "without") and objs and objs[0].lower_ in QUANTITY_NOUNS:
+            return f"quantity object {tok.text + ' ' + objs[0].text!r}"  # "without a variety of items"
         if objs and lower in ("on", "in") and objs[0].lower_ in NO_NEAR_OBJECTS:
             return f"no false contrast for {tok.text + ' ' + objs[0].text!r}"
         if objs and objs[0].lower_ in IDIOM_OBJECTS and not any(c.dep_ in ("det", "poss") for c in objs[0].children):
             return f"idiom {tok.text + ' ' + objs[0].text!r}"
         if objs and objs[0].pos_ == "PRON":
             return f"pronoun object {tok.text + ' ' + objs[0].text!r}"
+        if objs and objs[0].lower_ in ("other", "another") and tok.i + 1 < len(doc) and doc[tok.i + 1].lower_ in (
+                "each", "one"):
+            return f"reciprocal object {doc[tok.i:objs[0].i + 1].text!r}"  # "under each other" is absurd
+        nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
+        if nxt is not None and nxt.lower_ in IDIOM_OBJECTS and nxt.pos_ == "NOUN":
+            return f"idiom {tok.text + ' ' + nxt.text!r}"  # "on display area": the idiom before a noun
+        whole = _compound_whole(tok.head) if lower in ("with", "without") and tok.head.pos_ == "NOUN" else ()
+        if objs and wn is not None and any(wnmod.is_part_of(wn, objs[0].lower_, w) for w in whole):
+            return f"part of its head {tok.head.text + ' ' + tok.text + ' ' + objs[0].text!r}"
         if objs and (objs[0].lower_ in GROUND_COVER_OBJECTS
                      or noun_lexname(wn, objs[0]) in NO_CONTRAST_OBJECT_LEXNAMES):
             return f"no false contrast for {tok.text + ' ' + objs[0].text!r} (ground, weather or body part)"
+    if tok.pos_ == "ADJ" and lower not in RELATIONAL_NOUNS and any(c.lower_ == "of" for c in tok.children):
+        # "boxes full of chicks" -> "empty of chicks": the complement belongs to the adjective
+        return "adjective with a complement"
     if tok.pos_ == "ADJ" and lower in NON_VISUAL_ADJ:
         return "determiner-like adjective"
+    nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
+    if (tok.pos_ == "ADJ" and nxt is not None and nxt.dep_ == "compound" and nxt.pos_ == "NOUN" and nxt.i not in units
+            and nxt.head.i > nxt.i and nxt.head.pos_ != "ADP" and nxt.head.lower_ not in RELATIONAL_NOUNS):
+        # "an old fashion red car": the adjective may be the noun modifier's ("old fashion"), an idiom
+        return f"adjective before the noun modifier {doc[tok.i + 1].text!r}"
     if tok.pos_ == "ADJ" and tok.i > 0 and doc[tok.i - 1].lower_ == "half":
         return f"idiom {'half ' + tok.text!r}"  # "half full" = "half empty"
     if tok.pos_ == "NOUN" and tok.dep_ == "compound" and tok.head.i > tok.i:
@@ -260,6 +293,11 @@ def subject_is_thing(wn, verb) -> bool:
     plant, substance, place or natural object ("a truck sits"), not a person, animal or group."""
     subj = [c for c in verb.children if c.dep_ in ("nsubj", "nsubjpass")]
     noun = subj[0] if subj else verb.head if verb.dep_ in ("acl", "relcl", "advcl") else None
+    # "slices of pizza sitting": the thing is the quantity's object
+    quantity = noun is not None and wnmod.base_form(wn, noun.lower_, "NOUN") in QUANTITY_NOUNS
+    of = [c for c in noun.children if c.lower_ == "of"] if quantity else []
+    objs = [c for c in of[0].children if c.dep_ == "pobj"] if of else []
+    noun = objs[0] if objs else noun
     return noun is not None and noun_lexname(wn, noun) in _THING_LEXNAMES
 
 
@@ -292,4 +330,141 @@ def animate_noun(wn, noun, people_only: bool = False) -> bool:
         return True
     sense = wnmod.most_frequent_sense(wn, wnmod.base_form(wn, noun.lower_, "NOUN"), "NOUN")
     kinds = ("noun.person",) if people_only else ("noun.person", "noun.animal")
-    return sense is None or sense.lexname() in kinds
+    # "person" and "animal" themselves are in noun.Tops
+    tops = ("person.n.01",) if people_only else ("person.n.01", "animal.n.01")
+    return sense is None or sense.lexname() in kinds or sense.name() in tops
+
+
+def _compound_whole(noun) -> tuple[str, ...]:
+    """A noun and its noun modifiers ("train wreck" -> ("wreck", "train")): the wholes a part of."""
+    return (noun.lower_, *(c.lower_ for c in noun.children if c.dep_ == "compound" and c.pos_ == "NOUN"))
+
+
+# --- what a noun's modifiers allow (issue 21) ----------------------------------------------------
+
+# Nouns of a relation ("left of", "right of"): "X right of Y" is a relation, not one phrase.
+RELATIONAL_NOUNS = frozenset({"left", "right", "front", "back", "top", "bottom", "side", "middle"})
+# Bare position nouns ("in front of", "on top of"), not phrases of their own.
+POSITION_NOUNS = frozenset({"front", "top", "side", "middle", "back", "bottom", "edge", "corner", "end", "center"})
+# Verbs of resting on a support: "sitting on a bench" -> "beside a bench", never "under a bench".
+SUPPORT_VERBS = POSTURE_VERBS | {"perch", "lean", "sleep", "ride", "kneel", "crouch", "squat", "balance", "lounge",
+                                 "nap", "relax", "lay", "climb", "jump", "skate", "walk", "run", "land"}
+# Verbs of rest, and the prepositions of a place they take ("sleeping on a bed", not "from a tree").
+RESTING_VERBS = frozenset({"sleep", "sit", "stand", "lie", "rest"})
+LOCATIVE_ADP = frozenset({"in", "on", "at", "near", "under", "by", "beside", "behind", "inside", "outside", "next",
+                          "underneath", "beneath", "above", "below", "among", "between", "atop", "upon", "against",
+                          "around", "along"})
+# Adjectives that fit any noun of a kind ("a big red dog" -> "a big red cat"); every other modifier
+# ("tusked", "shallow", "grassy", "grilled", a participle) belongs to its noun, and the noun is
+# then not replaced ("a tusked giraffe", "a shallow street", "a grilled pasta"): the modifier is.
+SIZE_ADJ = frozenset({"big", "small", "large", "little", "tiny", "huge", "giant", "tall", "short", "long"})
+FREE_ADJ = SIZE_ADJ | frozenset({"old", "new", "nice", "beautiful", "pretty", "cute", "lovely", "dirty", "clean",
+                                 "wet", "dry", "dark", "bright", "empty", "full", "open", "closed", "wooden", "metal",
+                                 "plastic", "young", "adult", "colorful", "fresh", "busy", "stuffed", "favorite",
+                                 "large", "white"}) | NON_VISUAL_ADJ  # "several", "other": determiners
+
+
+def noun_modifiers(noun, start: int | None = None) -> list:
+    """The adjective and participle modifiers of a noun token (amod, with their conjuncts: "a
+    black and white cat"), less those inside its word unit from `start` ("hot" of "hot dog")."""
+    out = []
+    for c in noun.children:
+        if c.dep_ == "amod" and c.pos_ in ("ADJ", "VERB") and (start is None or c.i < start):
+            out.append(c)
+            out.extend(x for x in c.children if x.dep_ == "conj" and x.pos_ in ("ADJ", "VERB"))
+    return out
+
+
+def modifiers_fit(wn, noun, new_base: str, colors: dict, start: int | None = None) -> bool:
+    """Whether every modifier of `noun` still fits when the noun becomes `new_base` (a lemma).
+    Between two artifacts or two people (the tables' "boat" -> "car", "man" -> "woman") any
+    modifier fits ("a rustic boat" -> "a rustic car", "a smiling woman" -> "a smiling guy");
+    otherwise (animals, food, places) free adjectives (FREE_ADJ) only ("a tusked giraffe", "a
+    shallow street", "a grilled pasta" are not). A colour must be one the new noun's kind takes
+    (`colors`: {lexname: allowed colours}, a lexname absent = any), and no age or size word may
+    stay when the noun's age changes ("a small child" -> "a small adult")."""
+    mods = noun_modifiers(noun, start)
+    if not mods:
+        return True
+    sense = wnmod.most_frequent_sense(wn, new_base.replace(" ", "_"), "NOUN") if wn is not None else None
+    lex = None if sense is None else sense.lexname()
+    old = wnmod.base_form(wn, noun.lower_, "NOUN") if wn is not None else noun.lower_
+    old_sense = wnmod.most_frequent_sense(wn, old, "NOUN") if wn is not None else None
+    same_kind = lex in ("noun.artifact", "noun.person") and old_sense is not None and old_sense.lexname() == lex
+    for m in mods:
+        w = m.lower_
+        if w in COLORS:
+            allowed = colors.get(lex)
+            if allowed is not None and w not in allowed:
+                return False
+            continue
+        if w not in FREE_ADJ and not same_kind:
+            return False
+        if wn is not None and (w in SIZE_ADJ or w in ("young", "old", "adult")) and \
+                wnmod.is_young(wn, old) != wnmod.is_young(wn, new_base):
+            return False
+    return True
+
+
+def described_noun(adj):
+    """The noun an adjective token describes: its head for "a red car" (through "black and white"),
+    the subject for "the car is red"; the adjective itself when there is none."""
+    h = adj
+    while h.dep_ == "conj" and h.head is not h:
+        h = h.head
+    if h.dep_ in ("amod", "compound") or h.head.pos_ in ("NOUN", "PROPN"):
+        return h.head
+    if h.dep_ == "acomp":
+        subj = [c for c in h.head.children if c.dep_ in ("nsubj", "nsubjpass")]
+        return subj[0] if subj else adj
+    return adj
+
+
+def _affixed(a: str, b: str) -> bool:
+    return any(b == p + a for p in ("un", "in", "im", "il", "ir", "dis", "de", "non"))
+
+
+def morphological_antonym(a: str, b: str) -> bool:
+    """Antonyms made by an affix ("covered"/"uncovered", "attached"/"detached", "colorful"/
+    "colorless"): WordNet's, and in captions odd ("a grass uncovered field", "a colorless kite")."""
+    return _affixed(a, b) or _affixed(b, a) or (a.endswith("ful") and b == a[:-3] + "less") or (
+        b.endswith("ful") and a == b[:-3] + "less")
+
+
+def is_animate_kind(wn, noun) -> bool:
+    """A noun token known (WordNet's most frequent sense) to be a person or an animal."""
+    if wn is None or noun.pos_ not in ("NOUN", "PROPN"):
+        return noun.pos_ == "PRON" and noun.lower_ in ("him", "her", "them", "people", "someone")
+    sense = wnmod.most_frequent_sense(wn, wnmod.base_form(wn, noun.lower_, "NOUN"), "NOUN")
+    return sense is not None and (sense.lexname() in ("noun.person", "noun.animal")
+                                  or sense.name() in ("person.n.01", "animal.n.01", "people.n.01"))
+
+
+# quantity nouns after which a bare singular is a mass noun ("a pile of broccoli", "a herd of sheep")
+_MASS_QUANTITIES = QUANTITY_NOUNS - {"picture", "photo", "image", "view", "kind", "type", "side", "top", "front",
+                                     "middle", "edge", "back", "bottom", "end", "part", "close", "piece", "slice"}
+
+
+def after_quantity(tok) -> str | None:
+    """The quantity noun of a bare noun right after "<quantity noun> of" (no determiner of its
+    own: "a pile of broccoli" -> "pile", "a piece of fruit" -> "piece"), else None."""
+    of = tok.head
+    if (tok.dep_ == "pobj" and of.lower_ == "of" and of.head.lower_ in _MASS_QUANTITIES | {"piece", "slice"}
+            and not any(c.dep_ in ("det", "poss", "nummod") for c in tok.children)):
+        return of.head.lower_
+    return None
+
+
+def mass_or_plural(wn, word: str, quantity: str = "pile") -> str:
+    """`word` as it follows "a <quantity> of": after "piece"/"slice" its singular; else itself when
+    it is a mass noun, else its plural. Mass: a substance (WordNet), or a plural much rarer than
+    the singular (wordfreq: "pastas", "cheeses")."""
+    if quantity in ("piece", "slice"):
+        return inflect_like(word, "NN", "NOUN") or word
+    plural = inflect_like(word, "NNS", "NOUN") or pluralize(word)
+    if plural == word or " " in word:
+        return word
+    sense = wnmod.most_frequent_sense(wn, word, "NOUN") if wn is not None else None
+    if (sense is not None and sense.lexname() == "noun.substance") or zipf(plural) < zipf(word) - 1.0:
+        return word
+    return plural

@@ -31,6 +31,7 @@ importable from here too.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -70,6 +71,7 @@ from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_ha
     MAX_CHARS,
     MAX_WORDS,
     MIN_ZIPF,
+    NATURAL_COLORS,
     NATURAL_NO_COLOR_LEXNAMES,
     NO_NEAR_OBJECTS,
     NON_VISUAL_ADJ,
@@ -94,7 +96,7 @@ from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_ha
 )
 from vlctl.methods.tree_cache import TreeCache
 
-GENERATOR_VERSION = "3vl-trees-3"
+GENERATOR_VERSION = "3vl-trees-4"
 TREE_POS = ("NOUN", "ADJ", "ADP", "VERB")
 
 
@@ -128,6 +130,8 @@ class TreeGenerator:
     pos_overrides: {word: coarse POS} forced over spaCy's tag ("striped": "ADJ" where spaCy reads
                    a verb); the parse's noun chunks then follow the forced tags
     min_zipf     : replacements rarer than this wordfreq Zipf frequency are never used
+    co_hyponyms  : True adds WordNet co-hyponyms for nouns the tables lack (3VL's second source;
+                   off by default: 1 of 11 judged acceptable on COCO, "room" -> "auditorium")
 
     `tree(caption)` -> [{"positive": str, "negatives": [str], "negative_pos": [str]}, ...];
     with details=True each level also has "replaced" [[word, replacement, pos, stage]],
@@ -142,7 +146,7 @@ class TreeGenerator:
                  wordnet_dir: str | os.PathLike | None = None, use_wordnet: bool = True,
                  pos: Sequence[str] = TREE_POS, cache_path: str | os.PathLike | None = None,
                  max_words: int = MAX_WORDS, pos_overrides: Mapping[str, str] | None = None,
-                 min_zipf: float = MIN_ZIPF):
+                 min_zipf: float = MIN_ZIPF, co_hyponyms: bool = False):
         self.seed = seed
         self.opposites = opposites
         self.vocabulary = vocabulary
@@ -154,6 +158,7 @@ class TreeGenerator:
         self.max_words = max_words
         self.pos_overrides = pos_overrides
         self.min_zipf = min_zipf
+        self.co_hyponyms = co_hyponyms
         self._ready = False
 
     # state derived from the hyperparameters on first use
@@ -188,6 +193,7 @@ class TreeGenerator:
             "pos": list(self.pos_),
             "pos_overrides": sorted(overrides.items()),
             "min_zipf": self.min_zipf,
+            "co_hyponyms": self.co_hyponyms,
             "spacy": _nlp_id(),
             "tables": hashlib.sha256(json.dumps([sorted(OPPOSITES.items()), sorted(CLOSED_CLASS.items()),
                                                  sorted((k, sorted(v.items())) for k, v in POS_TABLES.items()),
@@ -207,11 +213,11 @@ class TreeGenerator:
     # -- candidates --
 
     def _candidates(self, lower: str, base: str, tag: str, pos: str, transitive: bool, kind: str,
-                    adjectival: bool, animate: bool = True) -> tuple[tuple[str, tuple[str, ...]], ...]:
+                    adjectival: bool, animate: bool = True, person: bool = True) -> tuple[tuple[str, tuple[str, ...]], ...]:
         """Context-free candidate lists per stage for one word (cached): [(stage, words)], each
         word already in the original's form, filtered (frequency, same lemma, synonyms,
         hypernyms, hyponyms)."""
-        key = (lower, base, tag, pos, transitive, kind, adjectival, animate)
+        key = (lower, base, tag, pos, transitive, kind, adjectival, animate, person)
         hit = self._stage_cache.get(key)
         if hit is not None:
             return hit
@@ -262,14 +268,18 @@ class TreeGenerator:
             # adjective's contrast, uninflected ("closed", "dark")
             out.append(("table", keep(pos_table("ADJ").get(base, ()) or pos_table("ADJ").get(lower, ()))))
         else:
-            table = pos_table(pos, transitive, animate)
-            if lower in table and pos != "VERB":
+            table = pos_table(pos, transitive, animate, person)
+            if lower in table and pos != "VERB" and not (tag == "NNS" and lower == base):
                 out.append(("table", keep(table[lower])))
+            elif lower in table and pos == "NOUN":  # a plural that is its own lemma: "sheep", "broccoli"
+                out.append(("table", keep(form(table[lower]))))
             elif base in table:
                 out.append(("table", keep(form(table[base]))))
-        if wn is not None and pos in ("NOUN", "ADJ", "VERB"):
-            out.append(("antonym", keep(form(wnmod.mfs_antonyms(wn, base, pos)))))
-            if pos == "NOUN":
+        if wn is not None and pos in ("NOUN", "ADJ", "VERB") and (pos != "VERB" or animate and tag != "VBN"):
+            # (a thing's verb antonym is absurd, "a tree gathering its pollen"; a participle's too, "snow emptied")
+            ants = (w for w in wnmod.mfs_antonyms(wn, base, pos) if not parse.morphological_antonym(base, w))
+            out.append(("antonym", keep(form(ants))))
+            if pos == "NOUN" and self.co_hyponyms:
                 sisters = keep(form(n.replace("_", " ") for n in wnmod.mfs_co_hyponyms(wn, base, pos)))
                 # WordNet sisters are the noisiest source: only everyday words (Zipf >= 3.5)
                 out.append(("co_hyponym", tuple(w for w in sisters if zipf(w) >= self.min_zipf + 0.5)))
@@ -305,6 +315,10 @@ class TreeGenerator:
             kind = wnmod.object_kind(wn, wnmod.base_form(wn, objs[0].lower_, "NOUN")) if objs and wn else "thing"
             if lower == "under" and objs and objs[0].lower_ in OVERHEAD_OBJECTS:
                 kind = "overhead"
+            # on a thing a verb acts on ("sitting on a bench", "a trick on his skateboard"): "beside";
+            # a person or animal ("near people" -> "under people" is absurd): "behind", "beside"
+            kind = "support" if lower == "on" and kind == "thing" and tok.head.pos_ == "VERB" else \
+                "animate" if objs and kind == "thing" and parse.is_animate_kind(wn, objs[0]) else kind
         adjectival = pos == "VERB" and tag in ("VBN", "VBD") and tok.dep_ == "amod"
         animate = parse.animate_subject(self.wn_, tok) if pos == "VERB" else True
         person = pos != "VERB" or parse.animate_subject(self.wn_, tok, people_only=True)
@@ -313,22 +327,49 @@ class TreeGenerator:
             animate = parse.animate_noun(self.wn_, tok.head) if tok.head is not tok else True
             # a natural thing's colour is not free: "a green horse", "a lush white field", "a
             # purple banana" are absurd; an animal's coat keeps to coat colours
-            lex = parse.noun_lexname(wn, _described_noun(tok))
-            colors_ok = frozenset(ANIMAL_COLORS) if lex == "noun.animal" else frozenset(LANDSCAPE_COLORS) \
-                if lex in LANDSCAPE_LEXNAMES else frozenset() if lex in NATURAL_NO_COLOR_LEXNAMES else None
+            lex = parse.noun_lexname(wn, parse.described_noun(tok))
+            colors_ok = None if NATURAL_COLORS.get(lex) is None else frozenset(NATURAL_COLORS[lex])
         h = _hash_int(seed, caption, i)
         n_seen = 0
         # a word the level already has makes a muddled negative ("a stove and stove"); a domain
         # table's words are the domain's (scenes swap "blue" for the "yellow" of another object)
-        seen = set(_ALNUM.findall(render(doc[a:b].text).lower()))
+        # ... and so does a noun of the rest of the caption ("a sign" -> "a clock" of "a sign below
+        # a wall clock" stays true), in any inflection (an adjective of another object is a binding
+        # negative: "a large red cube" -> "a small red cube" of "... left of a small blue cube")
+        seen = set(_ALNUM.findall(render(doc[a:b].text).lower())) | (self._caption_words(doc) if pos == "NOUN" else set())
         domain = lower in self.domain_ or base in self.domain_
+        fit = None  # the noun's modifiers must still fit the new noun ("the blue bird" -> "the blue elephant")
+        if pos == "NOUN" and wn is not None:
+            fit = functools.partial(parse.modifiers_fit, wn, doc[b - 1], colors=NATURAL_COLORS, start=a)
+        young = pos == "ADJ" and wn is not None and wnmod.is_young(
+            wn, wnmod.base_form(wn, parse.described_noun(tok).lower_, "NOUN"))
+        mass = parse.after_quantity(tok) if pos == "NOUN" and (tag == "NN" or lower == base) else None
+        animate_obj = transitive and any(c.dep_ == "dobj" and parse.is_animate_kind(wn, c) for c in tok.children)
+        # a resting verb takes only a place: "eating from a tree" -> "sleeping from a tree" is not English
+        resting_ok = pos != "VERB" or all(c.lower_ in parse.LOCATIVE_ADP for c in tok.children if c.dep_ == "prep")
+        # "seven giraffe" (a plural the caption misspelt) -> "seven birds", not "seven bird"
+        counted = pos == "NOUN" and tag == "NN" and any(c.dep_ == "nummod" and c.lower_ != "one" for c in tok.children)
         for k_stage, (stage, words) in enumerate(self._candidates(lower, base.replace("_", " "), tag, pos,
-                                                                  transitive and person, kind, adjectival, animate)):
+                                                                  transitive and animate, kind, adjectival, animate,
+                                                                  person)):
             if not (domain and k_stage == 0):
                 words = tuple(w for w in words if w not in seen and not (
                     pos == "ADJ" and (w in ANIMATE_ADJ if not animate
                                       else w in INANIMATE_ADJ and parse.head_is_animate(self.wn_, tok)))
-                    and not (colors_ok is not None and (w in COLORS or lower in COLORS) and w not in colors_ok))
+                    and not (colors_ok is not None and (w in COLORS or lower in COLORS) and w not in colors_ok)
+                    and wnmod.base_form(wn, w, pos) not in seen
+                    and not (fit is not None and not fit(wnmod.base_form(wn, w, "NOUN")))
+                    and not (young and w in ("old", "young", "new"))  # "a young girl" -> "an old girl"
+                    and (resting_ok or _verb_lemma(w) not in parse.RESTING_VERBS)
+                    # heavy animals do not jump; a verb with an object keeps a transitive verb
+                    # ("three cows are eating food" -> "sleeping food")
+                    and not (pos == "VERB" and not person and (_verb_lemma(w) in ("jump", "point") or transitive and (
+                        stage != "table" or not animate)))
+                    and not (animate_obj and _verb_lemma(w) not in ("watch", "feed", "pet")))  # "dropping young girls"
+                if counted:
+                    words = tuple(inflect_like(w, "NNS", "NOUN") or pluralize(w) for w in words)
+                if mass:  # "a pile of carrots", not "a pile of carrot"; "a piece of fruit" -> "of cheese"
+                    words = tuple(parse.mass_or_plural(wn, w, mass) for w in words)
             if stage == "mlm":
                 if self.mlm is None:
                     continue
@@ -344,6 +385,13 @@ class TreeGenerator:
                 if text not in positives:
                     return text, word, stage
         return "every candidate is a positive" if n_seen else "no candidate (after the frequency and WordNet filters)"
+
+    def _caption_words(self, doc) -> frozenset[str]:
+        """Every word of the caption, lowercased, and its WordNet base form (cached on the doc)."""
+        if "vlctl_words" not in doc.user_data:
+            doc.user_data["vlctl_words"] = frozenset(w for t in doc if t.is_alpha for w in (
+                t.lower_, wnmod.base_form(self.wn_, t.lower_, "VERB" if t.pos_ == "VERB" else "NOUN")))
+        return doc.user_data["vlctl_words"]
 
     # -- trees --
 
@@ -525,20 +573,6 @@ class TreeGenerator:
 
 
 _PHRASE = re.compile(r"^[a-z]+( [a-z]+)?$")  # a replacement: one or two lowercase words
-
-
-def _described_noun(adj):
-    """The noun an adjective token describes: its head for "a red car" (through "black and white"),
-    the subject for "the car is red"; the adjective itself when there is none."""
-    h = adj
-    while h.dep_ == "conj" and h.head is not h:
-        h = h.head
-    if h.dep_ in ("amod", "compound") or h.head.pos_ in ("NOUN", "PROPN"):
-        return h.head
-    if h.dep_ == "acomp":
-        subj = [c for c in h.head.children if c.dep_ in ("nsubj", "nsubjpass")]
-        return subj[0] if subj else adj
-    return adj
 
 
 # --- module-level API --------------------------------------------------------------------------

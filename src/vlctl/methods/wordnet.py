@@ -410,3 +410,29 @@ def knows(wn, word: str, pos: str) -> bool:
     """Whether WordNet has `word` (any inflection) in the coarse POS."""
     p = WN_POS.get(pos)
     return wn is not None and p is not None and bool(wn._morphy(word, p))
+
+
+@functools.lru_cache(maxsize=100_000)
+def is_part_of(wn, part: str, whole: str) -> bool:
+    """Whether some sense of `part` is a part, member or substance of the most frequent sense of
+    `whole` or of one of its ancestors ("car" of "train": a train's cars; "wheel" of "bus" through
+    "wheeled vehicle"). "A train with cars" -> "a train without cars" is absurd, not a negative."""
+    sense = most_frequent_sense(wn, whole.replace(" ", "_"), "NOUN")
+    if sense is None:
+        return False
+    parts = set(wn.synsets(part.replace(" ", "_"), "n"))
+    for s in [sense, *sense.closure(lambda x: x.hypernyms())]:
+        if parts & set(s.part_meronyms() + s.member_meronyms() + s.substance_meronyms()):
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=100_000)
+def is_young(wn, base: str) -> bool:
+    """Whether the most frequent sense of a noun names a young one ("girl" = a young woman,
+    "puppy" = a young dog, "child"): "an old girl", "a small adult" are odd, not negatives."""
+    sense = most_frequent_sense(wn, base.replace(" ", "_"), "NOUN")
+    return sense is not None and bool(_YOUNG.search(sense.definition()))
+
+
+_YOUNG = re.compile(r"\b(young|youthful|infant|baby|child)\b")
