@@ -353,12 +353,13 @@ class TreeGenerator:
                                                                   transitive and animate, kind, adjectival, animate,
                                                                   person)):
             if not (domain and k_stage == 0):
+                bases = {w: wnmod.base_form(wn, w, pos) for w in words}  # once per candidate: morphy is not cheap
                 words = tuple(w for w in words if w not in seen and not (
                     pos == "ADJ" and (w in ANIMATE_ADJ if not animate
                                       else w in INANIMATE_ADJ and parse.head_is_animate(self.wn_, tok)))
                     and not (colors_ok is not None and (w in COLORS or lower in COLORS) and w not in colors_ok)
-                    and wnmod.base_form(wn, w, pos) not in seen
-                    and not (fit is not None and not fit(wnmod.base_form(wn, w, "NOUN")))
+                    and bases[w] not in seen
+                    and not (fit is not None and not fit(bases[w]))  # fit is set for nouns only: pos == "NOUN"
                     and not (young and w in ("old", "young", "new"))  # "a young girl" -> "an old girl"
                     and (resting_ok or _verb_lemma(w) not in parse.RESTING_VERBS)
                     # heavy animals do not jump; a verb with an object keeps a transitive verb
