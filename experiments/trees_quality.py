@@ -12,8 +12,8 @@ Reported:
 - negatives per tree, the share of negatives by replacement source (stage) and by POS;
 - Zipf frequency (wordfreq) of the replacement words: quantiles and the share below 3;
 - automatic defect counts, each checked here independently of the generator's own filters:
-    article         a/an before a word that needs the other ("an young", "a animal"), where the
-                    positive had it right;
+    article         a/an before a word that needs the other ("an young", "a animal"), an article +
+                    word pair the positive does not have (its own "a ipod" is not counted);
     unknown_word    a replacement word wordfreq does not know (Zipf 0);
     related         a replacement that is the original's lemma, a synonym (shares a WordNet synset
                     with it), a hypernym or a hyponym (NLTK hypernym paths, either direction);
@@ -152,15 +152,17 @@ def study(captions: list[str], sample_n: int, seed: int) -> tuple[dict, list[dic
                     defect("rare", row)
                 if _related(wn, word, new, pos):
                     defect("related", row)
-                # article agreement: every a/an of the negative that the positive had right
+                # article agreement: every a/an of the negative before a word the negative put there
+                # (an article + word pair the positive does not have: the positive's own "a ipod" is
+                # not the generator's; a relation phrase "next to" -> "behind" shifts word positions)
                 nw = neg.split(" ")
+                pw = lv["positive"].split(" ")
+                pairs = {(pw[k].lower(), pw[k + 1]) for k in range(len(pw) - 1)}
                 for k in range(len(nw) - 1):
                     if nw[k].lower() in ("a", "an"):
                         nxt = re.sub(r"[^A-Za-z-]", "", nw[k + 1]).lower()
-                        if nxt and article_for(nxt) != nw[k].lower():
-                            pw = lv["positive"].split(" ")
-                            if k < len(pw) - 1 and pw[k + 1] != nw[k + 1]:
-                                defect("article", row)
+                        if nxt and article_for(nxt) != nw[k].lower() and (nw[k].lower(), nw[k + 1]) not in pairs:
+                            defect("article", row)
                 if pos == "ADP":
                     adp_rows.append(row)
     # preposition grammar: re-parse the ADP negatives (independent of the generator's parse)

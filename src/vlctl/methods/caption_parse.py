@@ -31,17 +31,20 @@ from vlctl.methods.negatives import (
     NO_CONTRAST_OBJECT_LEXNAMES,
     NO_NEAR_OBJECTS,
     NON_VISUAL_ADJ,
+    OVERHEAD_OBJECTS,
+    PICTURE_NOUNS,
     POSTURE_VERBS,
     QUANTITY_NOUNS,
-    inflect_like,
-    pluralize,
-    zipf,
+    RELATION_PHRASES,
+    VERB_ARGUMENT_ADP,
 )
+from vlctl.methods.wordnet import mass_or_plural, morphological_antonym, wn_compound  # noqa: F401 (old home)
 
 # Objects that make an idiom with a bare preposition ("standing in line", "in half", "on display").
 IDIOM_OBJECTS = frozenset({"line", "place", "half", "order", "charge", "public", "use", "action", "progress",
                            "display", "fire", "time", "bed", "hand", "top", "front", "sale", "board", "duty",
-                           "view", "case", "fact", "general", "particular", "addition", "pairs", "groups"})
+                           "view", "case", "fact", "general", "particular", "addition", "pairs", "groups",
+                           "home", "work", "school", "sea", "night"})  # (bare: "at home", "at sea")
 # Verb + preposition pairs WordNet lacks as lemmas but that are one verb ("holding onto a bag").
 PHRASAL_VERBS = frozenset({("hold", "onto"), ("hang", "onto"), ("hold", "on"), ("lean", "on"), ("rely", "on"),
                            ("look", "into"), ("look", "after"), ("get", "on"), ("get", "off"), ("take", "off"),
@@ -124,23 +127,14 @@ def word_units(doc, wn) -> dict[int, tuple[int, int]]:
     return where
 
 
-def wn_compound(wn, first, second) -> bool:
-    """A WordNet compound noun; with an adjective first, not a person ("old man" = father and
-    "little girl" are an adjective and a noun for a caption; "hot dog" is food)."""
-    words = (first.lower_, wnmod.base_form(wn, second.lower_, "NOUN"))
-    if not wnmod.is_compound(wn, words):
-        return False
-    if first.pos_ != "ADJ":
-        return True
-    sense = wnmod.most_frequent_sense(wn, "_".join(words), "NOUN")
-    return sense is not None and sense.lexname() != "noun.person"
-
-
 def fixed_phrases(doc) -> dict[int, str]:
     """Tokens inside a fixed phrase ("on top of", "next to", "a couple of"): {index: phrase}."""
     low = [t.lower_ for t in doc]
     out: dict[int, str] = {}
-    for phrase in FIXED_PHRASES:
+    phrases = FIXED_PHRASES
+    if any(w in PICTURE_NOUNS for w in low):
+        phrases = (*FIXED_PHRASES, ("black", "and", "white"))  # the picture's style
+    for phrase in phrases:
         k = len(phrase)
         for i in range(len(low) - k + 1):
             if tuple(low[i:i + k]) == phrase:
@@ -182,6 +176,48 @@ def noun_phrases(doc, units: dict[int, tuple[int, int]]) -> list[tuple[int, int]
     return merged
 
 
+def level_pieces(doc, caption: str, lead: int, units) -> list[list[tuple[int, int]]]:
+    """The tree's levels as lists of character pieces of `caption` (joined by " and " when
+    several): NP1; then for each further noun phrase, the previous level and it, and the caption
+    up to its end; last the whole caption. `lead`: the caption's leading whitespace."""
+    def chars(s: int, e: int) -> tuple[int, int]:
+        return lead + doc[s].idx, lead + doc[e - 1].idx + len(doc[e - 1].text)
+
+    chunks = [chars(s, e) for s, e in noun_phrases(doc, units)]
+    levels: list[list[tuple[int, int]]] = []
+    if chunks:
+        levels.append([chunks[0]])
+        for c in chunks[1:]:
+            levels.append(levels[-1] + [c])
+            levels.append([(lead, c[1])])
+    levels.append([(0, len(caption))])
+    return levels
+
+
+def relation_phrase(doc, tok, fixed: dict[int, str], units, wn) -> tuple[int, int, str] | None:
+    """(start, end, kind) when `tok` ends ("of", "to") a relation phrase replaced whole (negatives.
+    RELATION_PHRASES: "in front of") whose object allows a false contrast; kind picks the contrast."""
+    phrase = fixed.get(tok.i)
+    if phrase not in RELATION_PHRASES:
+        return None
+    start = tok.i + 1 - len(phrase.split())
+    if start < 0 or " ".join(t.lower_ for t in doc[start:tok.i + 1]) != phrase:
+        return None
+    end = tok.i + 1
+    objs = [c for c in tok.children if c.dep_ == "pobj"]
+    if not objs or objs[0].pos_ == "PRON":
+        return None
+    obj = doc[units[objs[0].i][1] - 1] if objs[0].i in units else objs[0]
+    if obj.lower_ in GROUND_COVER_OBJECTS or obj.lower_ in NO_NEAR_OBJECTS or obj.lower_ in POSITION_NOUNS or (
+            noun_lexname(wn, obj) in NO_CONTRAST_OBJECT_LEXNAMES | wnmod.ABSTRACT_LEXNAMES):
+        return None  # "next to the water", "on top of the front", "in front of the morning"
+    if obj.lower_ in ("other", "another") or (phrase == "in the middle of" and is_animate_kind(wn, obj)) or (
+            "front" in phrase and noun_lexname(wn, obj) in wnmod.LAND_LEXNAMES):
+        return None  # "in front of each other", "in the corner of some zebras", "in back of the ocean"
+    road = wn is not None and wnmod.has_ancestor(wn, wnmod.base_form(wn, obj.lower_, "NOUN"), wnmod.ROAD_ROOTS)
+    return start, end, "road" if road else "*"
+
+
 # --- tokens: why no negative, animacy ----------------------------------------------------------
 
 
@@ -219,6 +255,18 @@ def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int
         if head.pos_ == "VERB" and head.i == tok.i - 1 and (_verb_lemma(head.lower_), lower) in PHRASAL_VERBS:
             return f"phrasal verb {head.text + ' ' + tok.text!r}"
         objs = [c for c in tok.children if c.dep_ == "pobj"]
+        if not objs:  # "leans in playing": a clause, not a place, follows
+            return "preposition without a noun object"
+        lemma = None  # the object's WordNet lemma: a compound's ("tennis_racket"), else the word's
+        if objs[0].i in units:  # "in mid-air": the unit's head ("air"); "a tennis racket": the compound
+            u0, u1 = units[objs[0].i]
+            objs = [doc[u1 - 1]]
+            if wn is not None and not any(doc[k].text == "-" for k in range(u0, u1)):
+                lemma = "_".join([t.lower_ for t in doc[u0:u1 - 1]] + [wnmod.base_form(wn, doc[u1 - 1].lower_, "NOUN")])
+        if head.pos_ == "VERB" and (_verb_lemma(head.lower_), lower) in VERB_ARGUMENT_ADP:
+            return f"argument of the verb {head.text + ' ' + tok.text!r}"  # "engaging in a sport"
+        if (why := _adp_object_reason(wn, tok, objs[0], lemma)) is not None:
+            return why
         if lower in ("with", "without") and objs and objs[0].lower_ in QUANTITY_NOUNS:
             return f"quantity object {tok.text + ' ' + objs[0].text!r}"  # "without a variety of items"
         if objs and lower in ("on", "in") and objs[0].lower_ in NO_NEAR_OBJECTS:
@@ -257,8 +305,9 @@ def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int
         # the head of a noun compound WordNet does not know: a new head under the old modifier is
         # a thing nobody says ("a computer desk" -> "a computer bench", "a parking meter lamp")
         unit = units.get(tok.i, (tok.i, tok.i + 1))
-        mods = [c for c in tok.children if c.dep_ == "compound" and c.pos_ in ("NOUN", "PROPN")
-                and not unit[0] <= c.i < unit[1]]
+        mods = [c for t in doc[unit[0]:unit[1]] for c in t.children if c.dep_ in ("compound", "nmod")
+                and c.pos_ in ("NOUN", "PROPN") and not unit[0] <= c.i < unit[1] and c.i < tok.i]
+        # ("a television remote control": the modifier hangs on "remote"; spaCy says nmod)
         if mods:
             return f"head of the noun compound {doc[mods[0].i:tok.i + 1].text!r}"
     if tok.pos_ == "VERB":
@@ -273,7 +322,60 @@ def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int
             return "posture verb of a thing (sits = stands = is there)"
     if tok.pos_ == "NOUN" and lower in QUANTITY_NOUNS and any(c.lower_ == "of" for c in tok.children):
         return "head of a quantity phrase"
+    if tok.pos_ == "NOUN" and tok.dep_ == "pobj" and tok.head.lower_ == "of" and tok.head.head.lower_ in (
+            "pair", "pairs") and not is_animate_kind(wn, tok):
+        return "object of 'a pair of'"  # things that come in pairs: "a pair of skis" -> "a pair of balls"
+    if tok.pos_ == "NOUN" and wn is not None and tok.dep_ == "pobj" and tok.head.lower_ == "of" and \
+            wnmod.is_compound(wn, (tok.head.head.lower_, "of", wnmod.base_form(wn, lower, "NOUN"))):
+        return f"part of the compound {doc[tok.head.head.i:tok.i + 1].text!r}"  # "a body of water"
+    if tok.pos_ == "VERB" and tok.tag_ == "VBG" and tok.dep_ == "amod" and wn is not None and not animate_noun(
+            wn, tok.head):
+        return "participle of a thing"  # "the running water" -> "the jumping water"
     return None
+
+
+def _adp_object_reason(wn, tok, obj, lemma: str | None = None) -> str | None:
+    """Why a preposition's object allows no false contrast (fourth round, issue 21), or None.
+    `lemma`: the object's WordNet lemma when it is a compound ("tennis_racket")."""
+    lower, o = tok.lower_, obj.lower_
+    if o in POSITION_NOUNS:  # "on the front" -> "near the front" stays true
+        return f"position object {tok.text + ' ' + obj.text!r}"
+    if wn is None:
+        return None
+    base = lemma or wnmod.base_form(wn, o, "NOUN")
+    noun = obj.pos_ in ("NOUN", "PROPN")
+    lex = wnmod.first_lexname(wn, base) if noun else None
+    if lower in ("in", "into") and (o in ARRANGEMENT_OBJECTS or lex == "noun.group"):
+        return f"arrangement {tok.text + ' ' + obj.text!r}"  # "walking in a single file line", "in a crowd"
+    # "in a baseball game" -> "near a baseball game" (a colour is a thing's: "above a small purple [cube]")
+    if noun and o not in COLORS and wnmod.is_abstract(wn, base):
+        return f"abstract object {tok.text + ' ' + obj.text!r}"
+    if lower in ("on", "in") and wnmod.has_ancestor(wn, base, wnmod.ROAD_ROOTS):
+        return f"no false contrast for {tok.text + ' ' + obj.text!r} (a road)"  # "on the freeway" -> "near"
+    if lower == "at" and lex not in ("noun.location", "noun.artifact", "noun.object"):  # "at twilight", "at a pace"
+        return f"no false contrast for {tok.text + ' ' + obj.text!r} (not a place)"
+    if lower == "over" and lex in wnmod.LAND_LEXNAMES:  # "flying over a rural area" -> "under a rural area"
+        return f"no false contrast for {tok.text + ' ' + obj.text!r} (a place below)"
+    kind = adp_kind(wn, tok)
+    if kind == "garment" and tok.head.pos_ == "VERB":  # "dressed in", "pulling on a glove"
+        return f"garment of the verb {tok.head.text + ' ' + tok.text!r}"
+    return None
+
+
+def adp_kind(wn, tok) -> str:
+    """The preposition's object kind that picks its contrast (negatives.ADP_CONTRASTS): `wordnet.
+    object_kind`'s, "overhead" (under an umbrella), "support" (on what a verb or a person rests on:
+    "sitting on a bench", "a person on a skateboard") or "animate" (a person or animal)."""
+    lower = tok.lower_
+    objs = [c for c in tok.children if c.dep_ == "pobj"]
+    kind = wnmod.object_kind(wn, wnmod.base_form(wn, objs[0].lower_, "NOUN")) if objs and wn else "thing"
+    if lower == "under" and objs and objs[0].lower_ in OVERHEAD_OBJECTS:
+        kind = "overhead"
+    head = tok.head
+    if lower == "on" and kind == "thing" and (head.pos_ == "VERB" or (
+            head.pos_ == "NOUN" and wn is not None and animate_noun(wn, head, people_only=True))):
+        return "support"  # (a person is not under the skateboard he is on)
+    return "animate" if objs and kind == "thing" and is_animate_kind(wn, objs[0]) else kind
 
 
 def animate_subject(wn, verb, people_only: bool = False) -> bool:
@@ -284,6 +386,16 @@ def animate_subject(wn, verb, people_only: bool = False) -> bool:
     return True if noun is None else animate_noun(wn, noun, people_only)
 
 
+def group_subject(wn, verb) -> bool:
+    """The verb's subject (as in `animate_subject`) is a group ("people", "a crowd", "a group of")."""
+    subj = [c for c in verb.children if c.dep_ in ("nsubj", "nsubjpass")]
+    noun = subj[0] if subj else verb.head if verb.dep_ in ("acl", "relcl", "advcl") else None
+    if wn is None or noun is None or noun.pos_ not in ("NOUN", "PROPN"):
+        return False
+    base = wnmod.base_form(wn, noun.lower_, "NOUN")
+    return base in QUANTITY_NOUNS or wnmod.first_lexname(wn, base) == "noun.group"
+
+
 _THING_LEXNAMES = frozenset({"noun.artifact", "noun.object", "noun.food", "noun.plant", "noun.substance",
                              "noun.location"})
 
@@ -291,8 +403,15 @@ _THING_LEXNAMES = frozenset({"noun.artifact", "noun.object", "noun.food", "noun.
 def subject_is_thing(wn, verb) -> bool:
     """The verb's subject (as in `animate_subject`) is known to be a thing: an artifact, food,
     plant, substance, place or natural object ("a truck sits"), not a person, animal or group."""
-    subj = [c for c in verb.children if c.dep_ in ("nsubj", "nsubjpass")]
-    noun = subj[0] if subj else verb.head if verb.dep_ in ("acl", "relcl", "advcl") else None
+    noun = verb
+    for _ in range(3):  # through the verbs it hangs on: "a plate topped with food sitting" -> plate
+        subj = [c for c in noun.children if c.dep_ in ("nsubj", "nsubjpass")]
+        noun = subj[0] if subj else noun.head if noun.dep_ in ("acl", "relcl", "advcl") else None
+        if noun is None or noun.pos_ != "VERB":
+            break
+    words = (noun.doc[noun.i - 1].lower_, wnmod.base_form(wn, noun.lower_, "NOUN")) if noun and noun.i else ()
+    if words and wnmod.is_compound(wn, words):  # "a hot dog sitting": the compound's kind (food), not a dog's
+        return any(x.lexname() in _THING_LEXNAMES for x in wn.synsets("_".join(words), "n")[:2])  # (hotdog.n.01: a person)
     # "slices of pizza sitting": the thing is the quantity's object
     quantity = noun is not None and wnmod.base_form(wn, noun.lower_, "NOUN") in QUANTITY_NOUNS
     of = [c for c in noun.children if c.lower_ == "of"] if quantity else []
@@ -328,10 +447,14 @@ def animate_noun(wn, noun, people_only: bool = False) -> bool:
         return noun.lower_ in ("he", "she", "they", "i", "we", "you", "who", "someone", "somebody", "everyone")
     if noun.pos_ not in ("NOUN", "PROPN"):
         return True
-    sense = wnmod.most_frequent_sense(wn, wnmod.base_form(wn, noun.lower_, "NOUN"), "NOUN")
+    base = wnmod.base_form(wn, noun.lower_, "NOUN")
+    sense = wnmod.most_frequent_sense(wn, base, "NOUN")
     kinds = ("noun.person",) if people_only else ("noun.person", "noun.animal")
-    # "person" and "animal" themselves are in noun.Tops
-    tops = ("person.n.01",) if people_only else ("person.n.01", "animal.n.01")
+    # "person" and "animal" themselves are in noun.Tops; "people", "a couple", "a crowd" are groups of people
+    tops = ("person.n.01", *PEOPLE_GROUPS) if people_only else ("person.n.01", "animal.n.01", *PEOPLE_GROUPS)
+    objs = [o for c in noun.children if c.lower_ == "of" for o in c.children if o.dep_ == "pobj"]
+    if objs and (base in QUANTITY_NOUNS or (sense is not None and sense.lexname() in ("noun.group", "noun.Tops"))):
+        return animate_noun(wn, objs[0], people_only)  # "a group of people", "a herd of cows": the members
     return sense is None or sense.lexname() in kinds or sense.name() in tops
 
 
@@ -342,6 +465,10 @@ def _compound_whole(noun) -> tuple[str, ...]:
 
 # --- what a noun's modifiers allow (issue 21) ----------------------------------------------------
 
+# Preposition objects one is in, with no false contrast: arrangements ("in a line", "in a circle").
+ARRANGEMENT_OBJECTS = frozenset({"line", "lines", "row", "rows", "circle", "circles", "file", "formation",
+                                 "pile", "piles", "stack", "stacks", "heap", "cluster", "queue", "column", "columns"})
+PEOPLE_GROUPS = ("people.n.01", "couple.n.01", "crowd.n.01", "team.n.01", "family.n.01", "audience.n.01")
 # Nouns of a relation ("left of", "right of"): "X right of Y" is a relation, not one phrase.
 RELATIONAL_NOUNS = frozenset({"left", "right", "front", "back", "top", "bottom", "side", "middle"})
 # Bare position nouns ("in front of", "on top of"), not phrases of their own.
@@ -406,6 +533,12 @@ def modifiers_fit(wn, noun, new_base: str, colors: dict, start: int | None = Non
     return True
 
 
+def young_phrase(wn, noun) -> bool:
+    """A noun naming a young one ("girl") or modified by one ("her young, baby elephant")."""
+    return noun.pos_ in ("NOUN", "PROPN") and any(wnmod.is_young(wn, wnmod.base_form(wn, t.lower_, "NOUN")) for t in (
+        noun, *(c for c in noun.children if c.dep_ in ("compound", "nmod") and c.pos_ == "NOUN")))
+
+
 def described_noun(adj):
     """The noun an adjective token describes: its head for "a red car" (through "black and white"),
     the subject for "the car is red"; the adjective itself when there is none."""
@@ -420,22 +553,14 @@ def described_noun(adj):
     return adj
 
 
-def _affixed(a: str, b: str) -> bool:
-    return any(b == p + a for p in ("un", "in", "im", "il", "ir", "dis", "de", "non"))
-
-
-def morphological_antonym(a: str, b: str) -> bool:
-    """Antonyms made by an affix ("covered"/"uncovered", "attached"/"detached", "colorful"/
-    "colorless"): WordNet's, and in captions odd ("a grass uncovered field", "a colorless kite")."""
-    return _affixed(a, b) or _affixed(b, a) or (a.endswith("ful") and b == a[:-3] + "less") or (
-        b.endswith("ful") and a == b[:-3] + "less")
-
-
 def is_animate_kind(wn, noun) -> bool:
     """A noun token known (WordNet's most frequent sense) to be a person or an animal."""
     if wn is None or noun.pos_ not in ("NOUN", "PROPN"):
         return noun.pos_ == "PRON" and noun.lower_ in ("him", "her", "them", "people", "someone")
-    sense = wnmod.most_frequent_sense(wn, wnmod.base_form(wn, noun.lower_, "NOUN"), "NOUN")
+    words = (noun.doc[noun.i - 1].lower_, wnmod.base_form(wn, noun.lower_, "NOUN")) if noun.i else ()
+    if words and wnmod.is_compound(wn, words):  # "a baseball bat", "a teddy bear", "a hot dog": the compound's
+        return all(x.lexname() in ("noun.person", "noun.animal") for x in wn.synsets("_".join(words), "n")[:2])
+    sense = wnmod.most_frequent_sense(wn, words[1] if words else wnmod.base_form(wn, noun.lower_, "NOUN"), "NOUN")
     return sense is not None and (sense.lexname() in ("noun.person", "noun.animal")
                                   or sense.name() in ("person.n.01", "animal.n.01", "people.n.01"))
 
@@ -453,18 +578,3 @@ def after_quantity(tok) -> str | None:
             and not any(c.dep_ in ("det", "poss", "nummod") for c in tok.children)):
         return of.head.lower_
     return None
-
-
-def mass_or_plural(wn, word: str, quantity: str = "pile") -> str:
-    """`word` as it follows "a <quantity> of": after "piece"/"slice" its singular; else itself when
-    it is a mass noun, else its plural. Mass: a substance (WordNet), or a plural much rarer than
-    the singular (wordfreq: "pastas", "cheeses")."""
-    if quantity in ("piece", "slice"):
-        return inflect_like(word, "NN", "NOUN") or word
-    plural = inflect_like(word, "NNS", "NOUN") or pluralize(word)
-    if plural == word or " " in word:
-        return word
-    sense = wnmod.most_frequent_sense(wn, word, "NOUN") if wn is not None else None
-    if (sense is not None and sense.lexname() == "noun.substance") or zipf(plural) < zipf(word) - 1.0:
-        return word
-    return plural

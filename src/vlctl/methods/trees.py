@@ -36,7 +36,9 @@ import hashlib
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from vlctl.config import opt, validate_config
@@ -60,6 +62,7 @@ from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_ha
     ADP_REPLACED,
     ANIMAL_COLORS,
     ANIMATE_ADJ,
+    ANIMATE_OBJECT_VERBS,
     CLOSED_CLASS,
     COLORS,
     COMPOUNDS,
@@ -75,10 +78,14 @@ from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_ha
     NATURAL_NO_COLOR_LEXNAMES,
     NO_NEAR_OBJECTS,
     NON_VISUAL_ADJ,
+    OPENING_ADJ,
     OPPOSITES,
     OVERHEAD_OBJECTS,
+    PETTABLE,
+    PLURAL_SENSES,
     POS_TABLES,
     QUANTITY_NOUNS,
+    RELATION_PHRASES,
     STAGES,
     _hash_int,
     _match_case,
@@ -96,7 +103,7 @@ from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_ha
 )
 from vlctl.methods.tree_cache import TreeCache
 
-GENERATOR_VERSION = "3vl-trees-4"
+GENERATOR_VERSION = "3vl-trees-5"
 TREE_POS = ("NOUN", "ADJ", "ADP", "VERB")
 
 
@@ -195,10 +202,9 @@ class TreeGenerator:
             "min_zipf": self.min_zipf,
             "co_hyponyms": self.co_hyponyms,
             "spacy": _nlp_id(),
-            "tables": hashlib.sha256(json.dumps([sorted(OPPOSITES.items()), sorted(CLOSED_CLASS.items()),
-                                                 sorted((k, sorted(v.items())) for k, v in POS_TABLES.items()),
-                                                 sorted(map(list, ADP_CONTRASTS.items()))])
-                                     .encode()).hexdigest()[:16],
+            # every rule and table of the generator (a table added later is covered without a new entry here)
+            "sources": hashlib.sha256(b"".join(Path(sys.modules[m].__file__).read_bytes() for m in (
+                __name__, parse.__name__, wnmod.__name__, "vlctl.methods.negatives"))).hexdigest()[:16],
         }
         self.fingerprint_ = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
         self.cache_ = TreeCache(self.cache_path) if self.cache_path is not None else None
@@ -273,7 +279,7 @@ class TreeGenerator:
                 out.append(("table", keep(table[lower])))
             elif lower in table and pos == "NOUN":  # a plural that is its own lemma: "sheep", "broccoli"
                 out.append(("table", keep(form(table[lower]))))
-            elif base in table:
+            elif base in table and lower not in PLURAL_SENSES:  # ("glasses" are not glass cups)
                 out.append(("table", keep(form(table[base]))))
         if wn is not None and pos in ("NOUN", "ADJ", "VERB") and (pos != "VERB" or animate and tag != "VBN"):
             # (a thing's verb antonym is absurd, "a tree gathering its pollen"; a participle's too, "snow emptied")
@@ -297,6 +303,12 @@ class TreeGenerator:
         tok = doc[i]
         a, b = span
         lower = doc[a:b].text.lower() if b - a > 1 else tok.lower_
+        if lower in RELATION_PHRASES:  # "in front of" -> "behind" (parse.relation_phrase found it)
+            kind = doc.user_data.get("vlctl_relation", (0, 0, "*"))[2]
+            words = [w for w in RELATION_PHRASES[lower].get(kind, RELATION_PHRASES[lower].get("*", ()))
+                     if self.vocab_ is None or w in self.vocab_]
+            texts = [render(_match_case(w, doc[a].text)) for w in words]
+            return next(((t, w, "table") for t, w in zip(texts, words) if t not in positives), "no candidate")
         pos, tag = tok.pos_, tok.tag_
         wn = self.wn_
         if b - a > 1:  # a compound: its WordNet lemma
@@ -309,26 +321,18 @@ class TreeGenerator:
             if pos == "VERB":
                 base = _verb_lemma(lower) if wn is None else base
         transitive = pos == "VERB" and any(c.dep_ in ("dobj", "obj") for c in tok.children)
-        kind = "*"
-        if pos == "ADP":
-            objs = [c for c in tok.children if c.dep_ == "pobj"]
-            kind = wnmod.object_kind(wn, wnmod.base_form(wn, objs[0].lower_, "NOUN")) if objs and wn else "thing"
-            if lower == "under" and objs and objs[0].lower_ in OVERHEAD_OBJECTS:
-                kind = "overhead"
-            # on a thing a verb acts on ("sitting on a bench", "a trick on his skateboard"): "beside";
-            # a person or animal ("near people" -> "under people" is absurd): "behind", "beside"
-            kind = "support" if lower == "on" and kind == "thing" and tok.head.pos_ == "VERB" else \
-                "animate" if objs and kind == "thing" and parse.is_animate_kind(wn, objs[0]) else kind
+        kind = parse.adp_kind(wn, tok) if pos == "ADP" else "*"  # the object's kind: "thing", "place", ...
         adjectival = pos == "VERB" and tag in ("VBN", "VBD") and tok.dep_ == "amod"
         animate = parse.animate_subject(self.wn_, tok) if pos == "VERB" else True
         person = pos != "VERB" or parse.animate_subject(self.wn_, tok, people_only=True)
-        colors_ok = None  # the colours a replacement may be (None: any)
+        colors_ok, opening = None, True  # the colours a replacement may be (None: any); open/closed fits
         if pos == "ADJ":
             animate = parse.animate_noun(self.wn_, tok.head) if tok.head is not tok else True
             # a natural thing's colour is not free: "a green horse", "a lush white field", "a
             # purple banana" are absurd; an animal's coat keeps to coat colours
             lex = parse.noun_lexname(wn, parse.described_noun(tok))
             colors_ok = None if NATURAL_COLORS.get(lex) is None else frozenset(NATURAL_COLORS[lex])
+            opening = wn is None or lex == "noun.artifact"  # "an open door", never "a closed field"
         h = _hash_int(seed, caption, i)
         n_seen = 0
         # a word the level already has makes a muddled negative ("a stove and stove"); a domain
@@ -341,10 +345,12 @@ class TreeGenerator:
         fit = None  # the noun's modifiers must still fit the new noun ("the blue bird" -> "the blue elephant")
         if pos == "NOUN" and wn is not None:
             fit = functools.partial(parse.modifiers_fit, wn, doc[b - 1], colors=NATURAL_COLORS, start=a)
-        young = pos == "ADJ" and wn is not None and wnmod.is_young(
-            wn, wnmod.base_form(wn, parse.described_noun(tok).lower_, "NOUN"))
+        young = pos == "ADJ" and wn is not None and parse.young_phrase(wn, parse.described_noun(tok))
         mass = parse.after_quantity(tok) if pos == "NOUN" and (tag == "NN" or lower == base) else None
         animate_obj = transitive and any(c.dep_ == "dobj" and parse.is_animate_kind(wn, c) for c in tok.children)
+        # "feeding a horse", never "feeding a bat" or "petting a teddy bear" (a curated animal, whole)
+        pettable = transitive and wn is not None and any(c.dep_ == "dobj" and (o := wnmod.base_form(
+            wn, c.lower_, "NOUN")) in PETTABLE and not wnmod.is_compound(wn, (doc[c.i - 1].lower_, o)) for c in tok.children)
         # a resting verb takes only a place: "eating from a tree" -> "sleeping from a tree" is not English
         resting_ok = pos != "VERB" or all(c.lower_ in parse.LOCATIVE_ADP for c in tok.children if c.dep_ == "prep")
         # "seven giraffe" (a plural the caption misspelt) -> "seven birds", not "seven bird"
@@ -352,6 +358,8 @@ class TreeGenerator:
         for k_stage, (stage, words) in enumerate(self._candidates(lower, base.replace("_", " "), tag, pos,
                                                                   transitive and animate, kind, adjectival, animate,
                                                                   person)):
+            if stage == "antonym" and pos == "VERB" and parse.group_subject(wn, tok):
+                continue  # "people gather" -> "people spread", "a crowd attending" -> "missing"
             if not (domain and k_stage == 0):
                 bases = {w: wnmod.base_form(wn, w, pos) for w in words}  # once per candidate: morphy is not cheap
                 words = tuple(w for w in words if w not in seen and not (
@@ -361,6 +369,8 @@ class TreeGenerator:
                     and bases[w] not in seen
                     and not (fit is not None and not fit(bases[w]))  # fit is set for nouns only: pos == "NOUN"
                     and not (young and w in ("old", "young", "new"))  # "a young girl" -> "an old girl"
+                    and not (pos == "ADJ" and not opening and (w in OPENING_ADJ or lower in OPENING_ADJ))
+                    and (pettable or _verb_lemma(w) not in ANIMATE_OBJECT_VERBS)  # "feeding a bike"
                     and (resting_ok or _verb_lemma(w) not in parse.RESTING_VERBS)
                     # heavy animals do not jump; a verb with an object keeps a transitive verb
                     # ("three cows are eating food" -> "sleeping food")
@@ -396,27 +406,12 @@ class TreeGenerator:
 
     # -- trees --
 
-    def _levels(self, doc, caption: str, lead: int, units) -> list[list[tuple[int, int]]]:
-        """Levels as lists of character pieces of `caption`, joined by " and " when several."""
-        def chars(s: int, e: int) -> tuple[int, int]:
-            return lead + doc[s].idx, lead + doc[e - 1].idx + len(doc[e - 1].text)
-
-        chunks = [chars(s, e) for s, e in parse.noun_phrases(doc, units)]
-        levels: list[list[tuple[int, int]]] = []
-        if chunks:
-            levels.append([chunks[0]])
-            for c in chunks[1:]:
-                levels.append(levels[-1] + [c])
-                levels.append([(lead, c[1])])
-        levels.append([(0, len(caption))])
-        return levels
-
     def _build(self, doc, caption: str, seed: int) -> list[dict]:
         parse.retag(doc, self.overrides_, self.wn_)
         units = parse.word_units(doc, self.wn_)
         fixed = parse.fixed_phrases(doc)
         lead = len(caption) - len(caption.lstrip())
-        pieces_per_level = self._levels(doc, caption, lead, units)
+        pieces_per_level = parse.level_pieces(doc, caption, lead, units)
         texts = [" and ".join(caption[a:b] for a, b in pieces) for pieces in pieces_per_level]
         # Consecutive levels with the same words ("a cat on a mat" then "a cat on a mat.") are one
         # level; the later one is kept, so the last level is always the caption itself.
@@ -442,11 +437,17 @@ class TreeGenerator:
                     if tok.pos_ == "PROPN" and "NOUN" not in self.pos_:
                         continue
                     why = parse.skip_reason(doc, tok, fixed, units, self.wn_)
-                    if why is not None:
+                    rel = parse.relation_phrase(doc, tok, fixed, units, self.wn_) if why else None
+                    if rel and lead + doc[rel[0]].idx < a:  # "X and the middle of a field": at a later level
+                        done.discard(tok.i)
+                        continue
+                    if why is not None and rel is None:
                         level["missed"].append([tok.text, tok.pos_])
                         level["missed_reason"].append(why)
                         continue
-                    u0, u1 = units.get(tok.i, (tok.i, tok.i + 1))
+                    u0, u1 = rel[:2] if rel else units.get(tok.i, (tok.i, tok.i + 1))
+                    upos = "ADP" if rel else "NOUN" if u1 - u0 > 1 else tok.pos_
+                    doc.user_data["vlctl_relation"] = rel  # (its kind, for _replace)
                     start = lead + doc[u0].idx
                     n = lead + doc[u1 - 1].idx + len(doc[u1 - 1].text) - start
                     art = doc[u0 - 1] if u0 > 0 and doc[u0 - 1].lower_ in ("a", "an") else None
@@ -473,9 +474,8 @@ class TreeGenerator:
                     if neg in level["negatives"]:
                         continue
                     level["negatives"].append(neg)
-                    level["negative_pos"].append("NOUN" if u1 - u0 > 1 else tok.pos_)
-                    level["replaced"].append([doc[u0:u1].text if u1 - u0 > 1 else tok.text, word,
-                                              "NOUN" if u1 - u0 > 1 else tok.pos_, stage])
+                    level["negative_pos"].append(upos)
+                    level["replaced"].append([doc[u0:u1].text if u1 - u0 > 1 else tok.text, word, upos, stage])
             tree.append(level)
         return tree
 

@@ -396,6 +396,38 @@ def object_kind(wn, base: str) -> str:
     return "thing"
 
 
+# Abstract senses (acts, events, times, attributes, states): a preposition object with no under or
+# outside ("in a baseball game" -> "near a baseball game", "within easy access" -> "outside ...").
+ABSTRACT_LEXNAMES = frozenset({"noun.act", "noun.event", "noun.attribute", "noun.time", "noun.state", "noun.cognition",
+                               "noun.feeling", "noun.process", "noun.relation", "noun.motive"})
+LAND_LEXNAMES = frozenset({"noun.location", "noun.object", "noun.substance", "noun.phenomenon"})
+ROAD_ROOTS = frozenset({"road.n.01", "thoroughfare.n.01", "highway.n.01", "expressway.n.01", "street.n.01"})
+
+
+def first_lexname(wn, base: str) -> str | None:
+    """The lexicographer file of a noun's most frequent sense ("noun.food" for "hot_dog"), or None."""
+    sense = most_frequent_sense(wn, base.replace(" ", "_"), "NOUN")
+    return None if sense is None else sense.lexname()
+
+
+@functools.lru_cache(maxsize=50_000)
+def is_abstract(wn, base: str) -> bool:
+    """Whether a noun's first two senses are both abstract (ABSTRACT_LEXNAMES): "game", "access",
+    "morning" are; "swing" and "basketball" (a second sense is a thing) are not."""
+    senses = wn.synsets(base.replace(" ", "_"), "n")[:2]
+    return bool(senses) and all(x.lexname() in ABSTRACT_LEXNAMES for x in senses)
+
+
+@functools.lru_cache(maxsize=50_000)
+def has_ancestor(wn, base: str, roots: frozenset[str]) -> bool:
+    """Whether the most frequent sense of a noun is one of the synsets `roots` (names such as
+    "road.n.01") or a hyponym of one ("freeway" -> road)."""
+    sense = most_frequent_sense(wn, base.replace(" ", "_"), "NOUN")
+    if sense is None:
+        return False
+    return sense.name() in roots or any(h.name() in roots for h in sense.closure(lambda x: x.hypernyms()))
+
+
 @functools.lru_cache(maxsize=100_000)
 def is_compound(wn, words: tuple[str, ...]) -> bool:
     """Whether the words (lowercased, the last in base form) are one WordNet noun lemma:
@@ -436,3 +468,75 @@ def is_young(wn, base: str) -> bool:
 
 
 _YOUNG = re.compile(r"\b(young|youthful|infant|baby|child)\b")
+
+
+def _affixed(a: str, b: str) -> bool:
+    return any(b == p + a for p in ("un", "in", "im", "il", "ir", "dis", "de", "non"))
+
+
+def morphological_antonym(a: str, b: str) -> bool:
+    """Antonyms made by an affix ("covered"/"uncovered", "attached"/"detached", "colorful"/
+    "colorless"): WordNet's, and in captions odd ("a grass uncovered field", "a colorless kite")."""
+    return _affixed(a, b) or _affixed(b, a) or (a.endswith("ful") and b == a[:-3] + "less") or (
+        b.endswith("ful") and a == b[:-3] + "less")
+
+
+# Colour and size adjectives read literally before a noun, whatever WordNet's compounds say (the
+# curated negatives.COMPOUNDS are units still).
+_PLAIN_ADJ = frozenset({"red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white", "gray",
+                        "grey", "silver", "big", "small", "large", "little", "tiny", "huge", "giant", "tall", "short",
+                        "long"})
+
+
+def wn_compound(wn, first, second) -> bool:
+    """A WordNet compound noun; with an adjective first, not a person ("old man" = father and
+    "little girl" are an adjective and a noun for a caption; "hot dog" is food)."""
+    words = (first.lower_, base_form(wn, second.lower_, "NOUN"))
+    if not is_compound(wn, words):
+        return False
+    if first.pos_ != "ADJ":
+        return True
+    if first.lower_ in _PLAIN_ADJ:  # "white horses" (whitecaps), "a blue sky", "a large white [dog]": literal
+        return False
+    sense = most_frequent_sense(wn, "_".join(words), "NOUN")
+    return sense is not None and sense.lexname() != "noun.person"
+
+
+def mass_or_plural(wn, word: str, quantity: str = "pile") -> str:
+    """`word` as it follows "a <quantity> of": after "piece"/"slice" its singular; else itself when
+    it is a mass noun, else its plural. Mass: a substance (WordNet), or a plural much rarer than
+    the singular (wordfreq: "pastas", "cheeses")."""
+    from vlctl.methods.negatives import inflect_like, pluralize, zipf  # (negatives imports this module)
+
+    if quantity in ("piece", "slice"):
+        return inflect_like(word, "NN", "NOUN") or word
+    plural = inflect_like(word, "NNS", "NOUN") or pluralize(word)
+    if plural == word or " " in word:
+        return word
+    sense = most_frequent_sense(wn, word, "NOUN") if wn is not None else None
+    if (sense is not None and sense.lexname() == "noun.substance") or zipf(plural) < zipf(word) - 1.0:
+        return word
+    return plural
+
+
+def is_known(word: str, known: frozenset[str]) -> bool:
+    """`word` is in `known` once a simple English suffix is stripped ("running" -> "run")."""
+    if word in known:
+        return True
+    for suffix, repl in (("ies", "y"), ("es", ""), ("s", ""), ("ing", ""), ("ing", "e"), ("ed", ""), ("ed", "e"),
+                         ("d", ""), ("er", ""), ("est", ""), ("ly", "")):
+        if word.endswith(suffix) and len(word) > len(suffix) + 1 and word[: -len(suffix)] + repl in known:
+            return True
+    # doubled final consonant: running -> run, stopped -> stop
+    for suffix in ("ing", "ed"):
+        stem = word[: -len(suffix)]
+        if word.endswith(suffix) and len(stem) > 2 and stem[-1] == stem[-2] and stem[:-1] in known:
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=100_000)
+def morphy_known(wn, word: str) -> bool:
+    """WordNet's own morphology ("children" -> child, "geese" -> goose): irregular forms the
+    suffix rules miss."""
+    return any(wn._morphy(word, p) for p in "nvar")
