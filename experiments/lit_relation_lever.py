@@ -10,6 +10,11 @@ categories on the test split, to --out (JSON).
 
     python experiments/lit_relation_lever.py RUN --seed 0 --epochs 4 --out lever.json
     python experiments/lit_relation_lever.py RUN --relation-only --epochs 4 --out lever_rel.json
+    python experiments/lit_relation_lever.py RUN --mode negclip --epochs 5 --rank 16 --lora-alpha 32 --lr 5e-3 \
+        --data-finetune data-finetune-49c5048a942f --trees trees-ee04d2202213 --out lever.json
+
+A RUN whose stage directory holds several variants of a stage (shared `--stages`) takes the
+stage names to use from --data-finetune / --trees / --base (default: the last one of each name).
 
 --relation-only replaces every tree by one level: the full caption against its relation swap
 (NegCLIP-style hard negative of the relation alone), the most direct pressure on relations.
@@ -21,6 +26,7 @@ import argparse
 import dataclasses
 import glob
 import json
+import re
 import time
 from pathlib import Path
 
@@ -36,9 +42,12 @@ from vlctl.methods.tree_tune import TreeTuner
 from vlctl.recipes.three_vl_lit import load_preset
 
 
-def _stage(run: Path, name: str) -> Path:
-    hits = sorted(glob.glob(str(run / "stages" / f"{name}-*")))
-    hits = [h for h in hits if not h.endswith(".partial") and (Path(h) / "done.json").is_file()]
+def _stage(run: Path, name: str, exact: str | None = None) -> Path:
+    if exact is not None:
+        return run / "stages" / exact
+    hits = sorted(h for h in glob.glob(str(run / "stages" / f"{name}-*"))
+                  if re.fullmatch(rf"{re.escape(name)}-[0-9a-f]{{12}}", Path(h).name))  # not data-finetune-* for data
+    hits = [h for h in hits if (Path(h) / "done.json").is_file()]
     if not hits:
         raise SystemExit(f"{run}: no finished stage {name}")
     return Path(hits[-1])
@@ -75,6 +84,11 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--minilm-layers", type=int, default=None)
     ap.add_argument("--towers", default=None, choices=("both", "visual", "text"))
+    ap.add_argument("--rank", type=int, default=None)
+    ap.add_argument("--lora-alpha", type=float, default=None)
+    ap.add_argument("--data-finetune", default=None, help="stage directory name of the fine-tuning scenes")
+    ap.add_argument("--trees", default=None, help="stage directory name of their trees")
+    ap.add_argument("--base", default=None, help="stage directory name of the base (default: base_s<seed>)")
     ap.add_argument("--relation-only", action="store_true")
     ap.add_argument("--n-train-items", type=int, default=500)
     ap.add_argument("--threads", type=int, default=1)
@@ -84,11 +98,14 @@ def main() -> None:
     cfg = load_preset(True)
     cfg = dataclasses.replace(cfg, **{k: v for k, v in {"ft_epochs": a.epochs, "ft_lr": a.lr,
                                                          "minilm_layers": a.minilm_layers,
-                                                         "towers": a.towers}.items() if v is not None})
+                                                         "towers": a.towers, "rank": a.rank,
+                                                         "lora_alpha": a.lora_alpha}.items() if v is not None})
     data = _stage(a.run, "data")
-    ft, test = load_scenes(data / "finetune"), load_scenes(data / "test")
-    trees = read_json(_stage(a.run, "trees") / "trees.json", "trees")
-    base_dir = _stage(a.run, f"base_s{a.seed}")
+    ft_dir = _stage(a.run, "data-finetune", a.data_finetune) if (a.data_finetune or not (data / "finetune").is_dir()) \
+        else data  # runs before the fine-tuning scenes were a stage of their own kept them in data/
+    ft, test = load_scenes(ft_dir / "finetune"), load_scenes(data / "test")
+    trees = read_json(_stage(a.run, "trees", a.trees) / "trees.json", "trees")
+    base_dir = _stage(a.run, f"base_s{a.seed}", a.base)
     caps = [lab["caption"] for lab in ft["labels"]]
     tree_list, negatives = trees["trees"], trees["negatives"]
     if a.relation_only:

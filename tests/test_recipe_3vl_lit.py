@@ -32,6 +32,9 @@ from vlctl.recipes.three_vl_lit import (
     load_preset,
     phrase_structure,
     run,
+    scene_tree_generator,
+    stage_keys,
+    with_relation_negatives,
 )
 
 MINI = ThreeVLLitRecipe(n_train=64, alt_per_scene=1, n_finetune=32, n_test=12, base_epochs=1, base_batch_size=32,
@@ -115,6 +118,42 @@ def test_phrase_structure_and_checked_negatives():
     out, stats = checked_tree([{"positive": "a small red", "negatives": ["a large blue", "a small blue"],
                                 "negative_pos": ["ADJ", "ADJ"]}], objects)
     assert out[0]["negatives"] == ["a small blue"] and stats["true_of_scene"] == 1
+
+
+def test_every_relation_level_gets_its_relation_negative():
+    # spaCy never parses "left of" as one preposition: the generator alone gives left/right
+    # relation levels no relation negative (above/below get one)
+    gen = scene_tree_generator(0)
+    caps = ["a small yellow plain cross left of a small red striped triangle",
+            "a large blue dotted star right of a small red plain square and a small green plain circle",
+            "a large yellow dotted star above a small blue plain square"]
+    for cap, raw in zip(caps, gen.trees(caps)):
+        tree = with_relation_negatives(raw)
+        rel_levels = [lv for lv in tree if (phrase_structure(lv["positive"]) or {}).get("rel")]
+        assert rel_levels
+        for lv in rel_levels:
+            rel = phrase_structure(lv["positive"])["rel"].split()[0]
+            opposite = {"left": "right", "right": "left", "above": "below", "below": "above"}[rel]
+            want = lv["positive"].replace(f" {rel} ", f" {opposite} ")
+            assert lv["negatives"].count(want) == 1
+            assert lv["negative_pos"][lv["negatives"].index(want)] == "ADP"
+            assert len(lv["negative_pos"]) == len(lv["negatives"])
+    # levels without a relation are unchanged; a level that has it already gets no second copy
+    tree = [{"positive": "a small red circle", "negatives": ["a large red circle"], "negative_pos": ["ADJ"]},
+            {"positive": "a small red circle right of a blue star",
+             "negatives": ["a small red circle left of a blue star"], "negative_pos": ["VERB"]}]
+    out = with_relation_negatives(tree)
+    assert out[0] == tree[0]
+    assert out[1]["negatives"] == tree[1]["negatives"] and out[1]["negative_pos"] == ["ADP"]
+
+
+def test_finetune_scenes_are_their_own_stage():
+    two = ThreeVLLitRecipe(ft_p_three=0.0)
+    keys, keys2 = stage_keys(ThreeVLLitRecipe()), stage_keys(two)
+    assert keys["data"] == keys2["data"]  # the bases do not retrain when only the fine-tuning scenes change
+    assert keys["data_finetune"] != keys2["data_finetune"] and keys["trees"] != keys2["trees"]
+    with pytest.raises(VlctlError, match="ft_p_three"):
+        ThreeVLLitRecipe(ft_p_three=1.5)
 
 
 def test_extra_items_are_false_and_test_what_they_say():

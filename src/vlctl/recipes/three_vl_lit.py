@@ -35,10 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-from vlctl.config import config_from_dict, config_to_dict, opt
+from vlctl.config import config_from_dict, config_to_dict, opt, validate_config
 from vlctl.data.scenes import (
     ATTRIBUTES,
     CHECKLIST_CATEGORIES,
+    OPPOSITE_RELATION,
     RELATIONS,
     SCENE_OPPOSITES,
     SHAPES,
@@ -63,7 +64,6 @@ from vlctl.recipes.three_vl_lit_report import (
     EXTRA_CATEGORIES,
     PAPER,
     POS_TAGS,  # noqa: F401  (re-exported: public names of this recipe that live in the report module)
-    SHORTFALL,  # noqa: F401  (re-exported)
     _figure,
     _report,
     _targets,
@@ -88,6 +88,8 @@ class ThreeVLLitRecipe:
     n_train: int = opt(3000, "train-split scenes (base pre-training on their alt-texts)", ge=1, le=10**7)
     alt_per_scene: int = opt(2, "alt-text captions per train scene", ge=1, le=100)
     n_finetune: int = opt(1500, "finetune-split scenes (LoRA fine-tuning on their full captions)", ge=1, le=10**7)
+    ft_p_three: float = opt(0.4, "probability that a finetune-split scene has 3 objects (0: two-object scenes only, "
+                            "where a relation names the only two objects; docs/findings.md)", ge=0, le=1)
     n_test: int = opt(600, "test-split scenes (one checklist item per scene and category at most)", ge=1, le=10**7)
     image_size: int = opt(32, "image side", ge=24, le=1024)
     vision_model: str = opt("scenes-quick", "TinyCLIP config whose image tower (and embed_dim) the base uses; its "
@@ -102,6 +104,8 @@ class ThreeVLLitRecipe:
     ft_batch_size: int = opt(32, "fine-tuning batch size", ge=1, le=4096)
     ft_lr: float = opt(2e-3, "LoRA learning rate (same for every loss)", gt=0, le=10)
     ft_warmup_steps: int = opt(5, "fine-tuning warmup steps", ge=0, le=10**9)
+    ft_patch_dropout: float = opt(0.0, "probability that a fine-tuning batch sees a random subset of its patches "
+                                  "(the same for every loss; what token removal then asks of the model)", ge=0, le=1)
     rank: int = opt(4, "LoRA rank (MiniLM attention and ViT)", ge=1, le=1024)
     lora_alpha: float = opt(8.0, "LoRA alpha", gt=0, le=10_000)
     minilm_layers: int = opt(2, "MiniLM layers (the last ones) whose attention gets LoRA", ge=1, le=6)
@@ -124,6 +128,7 @@ class ThreeVLLitRecipe:
     def __post_init__(self):
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(s < 0 for s in self.seeds):
             raise VlctlError(f"ThreeVLLitRecipe.seeds: distinct non-negative integers, got {list(self.seeds)}")
+        validate_config(self)  # every field in its declared range (the opt() above), from Python as from JSON
 
 
 def load_preset(quick: bool) -> ThreeVLLitRecipe:
@@ -175,6 +180,35 @@ def phrase_structure(text: str) -> dict | None:
     if not nps or any(not p for p in nps) or (rel is not None and len(nps) < 2):
         return None
     return {"nps": nps, "rel": rel}
+
+
+_RELATION_WORDS = frozenset(r.split()[0] for r in RELATIONS)  # left, right, above, below
+
+
+def with_relation_negatives(tree: list[dict]) -> list[dict]:
+    """The tree with the one-word relation negative ("left" <-> "right", "above" <-> "below") on
+    every level that names a relation and lacks it, and every relation-word negative tagged ADP.
+    spaCy parses "left of" / "right of" as a verb, noun or adverb with "of" under it, never as
+    one preposition, and the generator then leaves the level without its relation negative: only
+    above/below got one, so no loss ever saw a left/right contrast."""
+    out = []
+    for lv in tree:
+        words = lv["positive"].split()
+        negs = list(lv["negatives"])
+        tags = list(lv.get("negative_pos", [None] * len(negs)))
+        for j, neg in enumerate(negs):
+            changed = [a for a, b in zip(words, neg.split()) if a != b]
+            if len(neg.split()) == len(words) and len(changed) == 1 and changed[0] in _RELATION_WORDS:
+                tags[j] = "ADP"
+        st = phrase_structure(lv["positive"])
+        if st is not None and st["rel"] is not None:
+            word, opposite = st["rel"].split()[0], OPPOSITE_RELATION[st["rel"]].split()[0]
+            neg = " ".join(opposite if w == word else w for w in words)
+            if words.count(word) == 1 and neg not in negs:
+                negs.append(neg)
+                tags.append("ADP")
+        out.append({**lv, "negatives": negs, "negative_pos": tags})
+    return out
 
 
 def checked_tree(tree: list[dict], objects: list[dict]) -> tuple[list[dict], dict[str, int]]:
@@ -287,11 +321,17 @@ def test_items(data_dir: Path, seed: int) -> dict[str, list[dict]]:
 
 
 def _data(cfg: ThreeVLLitRecipe, work: Path) -> None:
-    for split, n in (("train", cfg.n_train), ("finetune", cfg.n_finetune), ("test", cfg.n_test)):
+    for split, n in (("train", cfg.n_train), ("test", cfg.n_test)):
         generate_scenes(ScenesConfig(n=n, seed=cfg.data_seed, split=split, image_size=cfg.image_size,
                                      workers=cfg.workers), work / split)
     labels = load_scenes(work / "train")["labels"]
     atomic_write_json(work / "alt_text.json", alt_text_captions(labels, cfg.data_seed, cfg.alt_per_scene))
+
+
+def _data_finetune(cfg: ThreeVLLitRecipe, work: Path) -> None:
+    # A stage of its own: the fine-tuning scenes can change (ft_p_three) without retraining the bases.
+    generate_scenes(ScenesConfig(n=cfg.n_finetune, seed=cfg.data_seed, split="finetune", image_size=cfg.image_size,
+                                 p_three=cfg.ft_p_three, workers=cfg.workers), work / "finetune")
 
 
 def _trees(cfg: ThreeVLLitRecipe, data_dir: Path, work: Path) -> None:
@@ -304,7 +344,7 @@ def _trees(cfg: ThreeVLLitRecipe, data_dir: Path, work: Path) -> None:
     trees, negatives = [], []
     totals = {"kept": 0, "true_of_scene": 0, "unparsed": 0, "levels_dropped": 0}
     for i, (cap, lab) in enumerate(zip(caps, labels)):
-        tree, stats = checked_tree(raw[cap], lab["objects"])
+        tree, stats = checked_tree(with_relation_negatives(raw[cap]), lab["objects"])
         for k, v in stats.items():
             totals[k] += v
         trees.append(tree)
@@ -362,7 +402,8 @@ def _finetune(cfg: ThreeVLLitRecipe, mode: str, seed: int, base_dir: Path, data_
     tuner = TreeTuner(mode=mode, alpha=cfg.alpha, level_reduction=cfg.level_reduction, rank=cfg.rank,
                       lora_alpha=cfg.lora_alpha, lr=cfg.ft_lr, epochs=cfg.ft_epochs, batch_size=cfg.ft_batch_size,
                       warmup_steps=cfg.ft_warmup_steps, max_levels=cfg.max_levels, max_negatives=cfg.max_negatives,
-                      seed=seed, threads=cfg.threads, towers=cfg.towers, minilm_layers=cfg.minilm_layers)
+                      seed=seed, threads=cfg.threads, towers=cfg.towers, minilm_layers=cfg.minilm_layers,
+                      patch_dropout=cfg.ft_patch_dropout)
     tuner.fit(d["images"], [lab["caption"] for lab in d["labels"]], model=model, out_dir=work / "run",
               trees=t["trees"], negatives=t["negatives"])
     tuner.save(work)
@@ -438,17 +479,21 @@ def _evaluate(cfg: ThreeVLLitRecipe, data_dir: Path, base_dirs: dict, ft_dirs: d
 
 
 def stage_keys(cfg: ThreeVLLitRecipe) -> dict:
-    data_key = {"recipe": "3vl-lit", **{f: getattr(cfg, f) for f in ("n_train", "alt_per_scene", "n_finetune",
-                                                                       "n_test", "image_size", "data_seed")},
+    data_key = {"recipe": "3vl-lit", **{f: getattr(cfg, f) for f in ("n_train", "alt_per_scene", "n_test",
+                                                                       "image_size", "data_seed")},
                 "scenes": config_to_dict(ScenesConfig())}
+    ft_data_key = {"recipe": "3vl-lit", **{f: getattr(cfg, f) for f in ("n_finetune", "ft_p_three", "image_size",
+                                                                          "data_seed")},
+                   "scenes": config_to_dict(ScenesConfig())}
     from vlctl.methods import trees
 
     # The generator's version and how the POS overrides reach it (its keyword, or our spaCy wrapper).
     via = "pos_overrides" if "pos_overrides" in inspect.signature(trees.TreeGenerator.__init__).parameters else "wrap"
-    trees_key = {"data": data_key, "vocabulary": list(vocabulary()), "pos": sorted(SCENE_POS.items()),
+    trees_key = {"data": ft_data_key, "vocabulary": list(vocabulary()), "pos": sorted(SCENE_POS.items()),
                  "generator": "vlctl.methods.trees+checked", "generator_version": trees.GENERATOR_VERSION,
-                 "pos_via": via, "use_wordnet": False}
-    return {"data": data_key, "trees": trees_key}
+                 "pos_via": via, "use_wordnet": False,
+                 "relation_negatives": "with_relation_negatives"}
+    return {"data": data_key, "data_finetune": ft_data_key, "trees": trees_key}
 
 
 def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitRecipe | None = None,
@@ -458,23 +503,26 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitReci
     t_start = time.perf_counter()
     keys = stage_keys(cfg)
     data_dir = runner.stage("data", keys["data"], lambda w: _data(cfg, w))
-    trees_dir = runner.stage("trees", keys["trees"], lambda w: _trees(cfg, data_dir, w))
+    ft_data_dir = runner.stage("data-finetune", keys["data_finetune"], lambda w: _data_finetune(cfg, w))
+    trees_dir = runner.stage("trees", keys["trees"], lambda w: _trees(cfg, ft_data_dir, w))
     base_fields = ("vision_model", "context_length", "base_epochs", "base_batch_size", "base_lr", "temperature_lr",
                    "base_warmup_steps")
-    ft_fields = ("ft_epochs", "ft_batch_size", "ft_lr", "ft_warmup_steps", "rank", "lora_alpha", "minilm_layers",
-                 "towers")
+    ft_fields = ("ft_epochs", "ft_batch_size", "ft_lr", "ft_warmup_steps", "ft_patch_dropout", "rank", "lora_alpha",
+                 "minilm_layers", "towers")
     base_dirs, ft_dirs = {}, {}
     for seed in cfg.seeds:
         base_key = {"data": keys["data"], "seed": seed, **{f: getattr(cfg, f) for f in base_fields}}
         base_dirs[seed] = runner.stage(f"base_s{seed}", base_key,
                                        lambda w, r, seed=seed: _base(cfg, seed, data_dir, w, r), resumable=True)
         for mode in FT_MODES:
-            key = {"base": base_key, "trees": keys["trees"], "mode": mode, **{f: getattr(cfg, f) for f in ft_fields}}
+            # the contrastive loss reads no trees: a new generator retrains only NegCLIP and the tree loss
+            data = {"data_finetune": keys["data_finetune"]} if mode == "contrastive" else {"trees": keys["trees"]}
+            key = {"base": base_key, **data, "mode": mode, **{f: getattr(cfg, f) for f in ft_fields}}
             if mode == "tree":
                 key.update({f: getattr(cfg, f) for f in ("alpha", "level_reduction", "max_levels", "max_negatives")})
             ft_dirs[(mode, seed)] = runner.stage(
                 f"finetune_{mode}_s{seed}", key,
-                lambda w, mode=mode, seed=seed: _finetune(cfg, mode, seed, base_dirs[seed], data_dir, trees_dir, w))
+                lambda w, mode=mode, seed=seed: _finetune(cfg, mode, seed, base_dirs[seed], ft_data_dir, trees_dir, w))
     eval_key = {"models": {f"{m}_s{s}": d.name for (m, s), d in ft_dirs.items()},
                 "bases": {s: d.name for s, d in base_dirs.items()},
                 **{f: getattr(cfg, f) for f in ("n_relevancy", "removal_fraction")}}
