@@ -190,6 +190,31 @@ def test_resume_reaches_identical_weights(tmp_path):
     assert [r["step"] for r in read_log(tmp_path / "stopped")] == sorted([s for s, _ in full_log] + [7])
 
 
+def test_resume_between_log_lines_logs_the_uninterrupted_losses(tmp_path):
+    # A checkpoint at step 3 falls inside the log window of steps 3-4: the window's sums travel with
+    # it, so the resumed run's step-4 line is the mean of steps 3 and 4, as in the uninterrupted run.
+    cfg = dataclasses.replace(CFG, checkpoint_every=3, log_every=2)
+    full, _ = fit(tmp_path / "full", cfg=cfg)
+    calls = 0
+
+    def crashing(model, batch):
+        nonlocal calls
+        calls += 1
+        if calls == 5:
+            raise KeyboardInterrupt
+        return mse(model, batch)
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(tmp_path / "crashed", cfg=cfg, loss_fn=crashing)
+    state = json.loads((tmp_path / "crashed" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 3 and state["window"][0]["steps"] == 1
+    resumed, result = fit(tmp_path / "crashed", cfg=cfg, resume=True)
+    assert [(r["step"], r["loss"], r["abs_err"]) for r in read_log(tmp_path / "crashed")] == \
+        [(r["step"], r["loss"], r["abs_err"]) for r in read_log(tmp_path / "full")]
+    assert result.final_loss == read_log(tmp_path / "full")[-1]["loss"]
+    assert all(torch.equal(a, b) for a, b in zip(full.state_dict().values(), resumed.state_dict().values()))
+
+
 def test_resume_with_changed_config_refused(tmp_path):
     fit(tmp_path, stop_after_steps=2)
     with pytest.raises(VlctlError, match=r"state\.json.*loop\.lr \(0\.02 -> 0\.03\)"):

@@ -225,10 +225,7 @@ def _fit(cfg: ControlEmbedRealRecipe, emb: dict, fit: Labelled, encoder_id: str,
 
     def one(name: str, cs: list[str], steps: int, parameterisation: str) -> None:
         run = work / "run" / name
-        # Checkpoints on the loop's logging steps (every min(50, steps)), about ten a fit: a fit
-        # resumed from one then logs, and saves, the final loss of the uninterrupted fit.
-        log_every = min(50, steps)
-        every = log_every * max(1, steps // (10 * log_every))
+        every = max(1, steps // 10)  # about ten checkpoints a fit (a checkpoint keeps the open log window)
         # Rank 0 decides for all: resume the fit's checkpoint if it has one, of as many ranks as now
         # (the fit refuses another number; that one fit then starts over, the stage still resumes).
         ranks = all_gather_object(checkpoint_ranks(run / "checkpoint") if resume and is_main_rank() else None)[0]

@@ -234,10 +234,11 @@ def train(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
     step, last_loss = 0, None
+    window = _Window(dist.device)
     recover_dir(ckpt_dir)  # a checkpoint swap killed between its two renames
     if resume:
         step, last_loss = _load_checkpoint(
-            ckpt_dir, model, optimizer, scheduler, setup, dist.rank, dist.world_size, dist.device
+            ckpt_dir, model, optimizer, scheduler, setup, dist.rank, dist.world_size, dist.device, window
         )
     elif (ckpt_dir / "state.json").exists():
         raise VlctlError(f"{ckpt_dir}: a checkpoint already exists; resume it or train into a new out_dir")
@@ -255,7 +256,6 @@ def train(
     bar = progress_bar(total=total_steps, initial=step, desc="train", unit="step",
                        disable=not (cfg.progress and is_main()))
     samples_done, t_start = 0, time.perf_counter()
-    window = _Window(dist.device)
     order = None
     while step < end_step:
         epoch, i = divmod(step, per_epoch)
@@ -288,7 +288,8 @@ def train(
                 _append_log(log_path, record)
                 bar.set_postfix(loss=f"{last_loss:.4f}", samples_per_s=f"{record['samples_per_s']:.0f}")
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == end_step:
-            _save_checkpoint(ckpt_dir, model, optimizer, scheduler, step, per_epoch, setup, last_loss, dist.device)
+            _save_checkpoint(ckpt_dir, model, optimizer, scheduler, step, per_epoch, setup, last_loss, dist.device,
+                             window)
     bar.close()
 
     seconds = time.perf_counter() - t_start
@@ -331,6 +332,16 @@ class _Window:
         self.steps = 0
         self.samples = 0
         self.t0 = time.perf_counter()
+
+    def state(self) -> dict:
+        """The open window's sums, for a checkpoint taken between two log lines (JSON: floats are exact)."""
+        return {"loss_sum": float(self.loss_sum), "metrics": dict(self.metrics), "steps": self.steps,
+                "samples": self.samples}
+
+    def restore(self, state: dict) -> None:
+        self.loss_sum.fill_(float(state["loss_sum"]))
+        self.metrics = {str(k): float(v) for k, v in state["metrics"].items()}
+        self.steps, self.samples = int(state["steps"]), int(state["samples"])
 
     def add(self, loss: torch.Tensor, metrics: dict[str, float], samples: int) -> None:
         self.loss_sum += loss.detach().to(torch.float64)
@@ -429,9 +440,11 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
         )
 
 
-def _save_checkpoint(ckpt_dir, model, optimizer, scheduler, step, per_epoch, setup, loss, device) -> None:
-    """Replace `ckpt_dir` atomically (rank 0 writes; every rank hands in its RNG state)."""
+def _save_checkpoint(ckpt_dir, model, optimizer, scheduler, step, per_epoch, setup, loss, device, window) -> None:
+    """Replace `ckpt_dir` atomically (rank 0 writes; every rank hands in its RNG state and its open
+    logging window, so a resumed run logs the losses the uninterrupted one did)."""
     rng = all_gather_object(_rng_state(device))
+    windows = all_gather_object(window.state())
     if is_main():
         epoch, step_in_epoch = divmod(step, per_epoch)
         state = {
@@ -441,6 +454,7 @@ def _save_checkpoint(ckpt_dir, model, optimizer, scheduler, step, per_epoch, set
             "step_in_epoch": step_in_epoch,
             "loss": loss,
             "rng": rng,  # one entry per rank
+            "window": windows,  # one entry per rank
             "setup": setup,
             "setup_sha256": sha256_json(_compared_setup(setup)),
             "versions": {"torch": torch.__version__, "numpy": np.__version__},
@@ -467,9 +481,10 @@ def _old_checkpoint(path: Path) -> bool:
 
 
 def _load_checkpoint(
-    ckpt_dir, model, optimizer, scheduler, setup, rank, world_size, device
+    ckpt_dir, model, optimizer, scheduler, setup, rank, world_size, device, window
 ) -> tuple[int, float | None]:
-    """Restore everything from `ckpt_dir`; returns (step, last logged loss)."""
+    """Restore everything from `ckpt_dir` (`window`: this rank's open logging window, when the
+    checkpoint has it); returns (step, last logged loss)."""
     state_path = ckpt_dir / "state.json"
     if not state_path.is_file():
         raise VlctlError(f"{state_path}: no checkpoint to resume from; train without resume first")
@@ -511,6 +526,12 @@ def _load_checkpoint(
             f"{state_path}: saved by {len(rng)} ranks, resumed on {world_size}; RNG states not restored, "
             "so random layers (dropout) will not repeat the uninterrupted run exactly"
         )
+    windows = state.get("window")  # absent in checkpoints written before it was kept
+    if isinstance(windows, list) and len(windows) == world_size:
+        try:
+            window.restore(windows[rank])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise VlctlError(f"{state_path}: corrupt checkpoint state (window: {e!r})") from None
     return step, loss
 
 
