@@ -77,6 +77,20 @@ def fit(out_dir, model=None, cfg=CFG, loss_fn=mse, **kw):
     return model, result
 
 
+def crashing_at(n: int):
+    """The mse loss, interrupted (KeyboardInterrupt) in its n-th call: a crash inside step n."""
+    calls = 0
+
+    def loss_fn(model, batch):
+        nonlocal calls
+        calls += 1
+        if calls == n:
+            raise KeyboardInterrupt
+        return mse(model, batch)
+
+    return loss_fn
+
+
 def read_log(out_dir):
     return [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
 
@@ -166,17 +180,8 @@ def test_resume_reaches_identical_weights(tmp_path):
     assert result.steps == 18
 
     # Crashed in step 11: the last checkpoint is from step 8, so steps 9-10 are redone.
-    calls = 0
-
-    def crashing(model, batch):
-        nonlocal calls
-        calls += 1
-        if calls == 11:
-            raise KeyboardInterrupt
-        return mse(model, batch)
-
     with pytest.raises(KeyboardInterrupt):
-        fit(tmp_path / "crashed", loss_fn=crashing)
+        fit(tmp_path / "crashed", loss_fn=crashing_at(11))
     assert json.loads((tmp_path / "crashed" / "checkpoint" / "state.json").read_text())["step"] == 8
     recovered, _ = fit(tmp_path / "crashed", resume=True)
 
@@ -195,17 +200,8 @@ def test_resume_between_log_lines_logs_the_uninterrupted_losses(tmp_path):
     # it, so the resumed run's step-4 line is the mean of steps 3 and 4, as in the uninterrupted run.
     cfg = dataclasses.replace(CFG, checkpoint_every=3, log_every=2)
     full, _ = fit(tmp_path / "full", cfg=cfg)
-    calls = 0
-
-    def crashing(model, batch):
-        nonlocal calls
-        calls += 1
-        if calls == 5:
-            raise KeyboardInterrupt
-        return mse(model, batch)
-
     with pytest.raises(KeyboardInterrupt):
-        fit(tmp_path / "crashed", cfg=cfg, loss_fn=crashing)
+        fit(tmp_path / "crashed", cfg=cfg, loss_fn=crashing_at(5))
     state = json.loads((tmp_path / "crashed" / "checkpoint" / "state.json").read_text())
     assert state["step"] == 3 and state["window"][0]["steps"] == 1
     resumed, result = fit(tmp_path / "crashed", cfg=cfg, resume=True)
