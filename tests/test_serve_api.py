@@ -154,6 +154,26 @@ def test_text_search_matches_the_store(client, state):
     assert [h["label"] for h in hits] == [m["captions"][0] if "captions" in m else m["caption"] for m in meta]
 
 
+def test_text_queries_are_encoded_once(client, state, monkeypatch):
+    coll = state.collections["store"]
+    calls = []
+    real = coll.encoder.embed_texts
+    monkeypatch.setattr(coll.encoder, "embed_texts", lambda texts: calls.append(list(texts)) or real(texts))
+    first = client.post("/api/search", json={"collection": "store", "text": "a big blue square", "k": 5}).json()
+    again = client.post("/api/search", json={"collection": "store", "text": "a big blue square", "k": 5}).json()
+    assert first == again and calls == [["a big blue square"]]  # the second answer came from the cache
+    q = coll.text_query("a big blue square")
+    assert not q.flags.writeable  # shared by every request for the text: nobody may change it in place
+    np.testing.assert_array_equal(q, real(["a big blue square"]))
+    client.post("/api/steer", json={"collection": "store", "text": "a big blue square", "tevi": True, "k": 5})
+    assert len(calls) == 1
+    from vlctl.serve.state import _LRU
+
+    off = _LRU(0)  # --text-cache 0: nothing is kept
+    off.put("a big blue square", q)
+    assert off.get("a big blue square") is None
+
+
 def test_search_by_a_stored_image_uses_its_stored_vector(client, state):
     coll = state.collections["store"]
     hits = client.post("/api/search", json={"collection": "store", "image_id": 7, "k": 3}).json()["hits"]

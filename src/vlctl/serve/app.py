@@ -89,6 +89,8 @@ class ServeConfig:
     heavy_nice: int = opt(10, "how much lower that process's CPU priority is (os.nice increment): explain and "
                           "clustering yield the cores to search and steer; 0 on a machine busy with other work, "
                           "where a niced worker waits long", ge=0, le=19)
+    text_cache: int = opt(4096, "text queries whose embedding each collection keeps (0: run the text tower for "
+                          "every query); a repeated query then skips the text tower", ge=0, le=10**7)
 
     def __post_init__(self) -> None:
         validate_config(self)
@@ -195,6 +197,8 @@ def create_app(state: ServeState, config: ServeConfig | None = None, heavy: Heav
     except PackageNotFoundError:
         __version__ = "unknown"
     config = config or ServeConfig()
+    for coll in state.collections.values():
+        coll.text_queries.size = config.text_cache
     pool = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="vlctl-serve")
     # Explain takes ~1 s of both cores and holds the explain lock: on its own thread, so that
     # explain requests wait for each other, not in front of the searches.

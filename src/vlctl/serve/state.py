@@ -38,8 +38,11 @@ def _short(text: str) -> str:
     return text if len(text) <= MAX_LABEL_CHARS else text[: MAX_LABEL_CHARS - 1] + "\u2026"
 
 
+TEXT_QUERY_CACHE = 4096  # text query embeddings kept per collection
+
+
 class _LRU:
-    """A small thread-safe LRU cache (thumbnail PNGs, cluster results)."""
+    """A small thread-safe LRU cache (thumbnail PNGs, cluster results, text query embeddings)."""
 
     def __init__(self, size: int):
         self.size = size
@@ -86,6 +89,9 @@ class Collection:
         self.lock = threading.Lock()
         self.thumbs = _LRU(4096)
         self.clusters = _LRU(64)
+        # Text -> its (1, d) embedding: a page sends the same few queries again and again, and the
+        # text tower's forward (a MiniLM's six BERT layers) is most of a text search's CPU time.
+        self.text_queries = _LRU(TEXT_QUERY_CACHE)
         self._emb: np.ndarray | None = None
         self._tevi_reranker = None
         self.check()
@@ -156,9 +162,15 @@ class Collection:
         return self.encoder
 
     def text_query(self, text: str) -> np.ndarray:
+        """(1, d) embedding of `text`, from the cache when it was asked before (the same array: read-only)."""
         enc = self._need_encoder()
-        with self.lock:
-            return enc.embed_texts([text])
+        q = self.text_queries.get(text)
+        if q is None:
+            with self.lock:
+                q = np.asarray(enc.embed_texts([text]))
+            q.flags.writeable = False  # shared by every later request for this text
+            self.text_queries.put(text, q)
+        return q
 
     def pixel_query(self, rgb: np.ndarray) -> np.ndarray:
         enc = self._need_encoder()
