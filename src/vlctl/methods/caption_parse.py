@@ -38,7 +38,14 @@ from vlctl.methods.negatives import (
     RELATION_PHRASES,
     VERB_ARGUMENT_ADP,
 )
-from vlctl.methods.wordnet import mass_or_plural, morphological_antonym, wn_compound  # noqa: F401 (old home)
+from vlctl.methods.wordnet import (  # noqa: F401 (old homes)
+    described_noun,
+    is_animate_kind,
+    mass_or_plural,
+    morphological_antonym,
+    wn_compound,
+    young_phrase,
+)
 
 # Objects that make an idiom with a bare preposition ("standing in line", "in half", "on display").
 IDIOM_OBJECTS = frozenset({"line", "place", "half", "order", "charge", "public", "use", "action", "progress",
@@ -97,6 +104,8 @@ def retag(doc, overrides: Mapping[str, str], wn) -> None:
                 tok.pos_, tok.tag_ = "ADJ", "JJ"
             elif noun:
                 tok.pos_, tok.tag_ = "NOUN", "NNS" if tok.tag_ == "NNPS" else "NN"
+    if wn is not None:
+        wnmod.fix_misread(doc, wn)
 
 
 def word_units(doc, wn) -> dict[int, tuple[int, int]]:
@@ -176,19 +185,24 @@ def noun_phrases(doc, units: dict[int, tuple[int, int]]) -> list[tuple[int, int]
     return merged
 
 
-def level_pieces(doc, caption: str, lead: int, units) -> list[list[tuple[int, int]]]:
+def level_pieces(doc, caption: str, lead: int, units, wn=None) -> list[list[tuple[int, int]]]:
     """The tree's levels as lists of character pieces of `caption` (joined by " and " when
     several): NP1; then for each further noun phrase, the previous level and it, and the caption
-    up to its end; last the whole caption. `lead`: the caption's leading whitespace."""
+    up to its end; last the whole caption. `lead`: the caption's leading whitespace; with `wn`, a
+    verb's object is joined with the first noun phrase, not the prefix (fifth round)."""
     def chars(s: int, e: int) -> tuple[int, int]:
         return lead + doc[s].idx, lead + doc[e - 1].idx + len(doc[e - 1].text)
 
-    chunks = [chars(s, e) for s, e in noun_phrases(doc, units)]
+    spans = noun_phrases(doc, units)
+    chunks = [chars(s, e) for s, e in spans]
     levels: list[list[tuple[int, int]]] = []
     if chunks:
         levels.append([chunks[0]])
-        for c in chunks[1:]:
-            levels.append(levels[-1] + [c])
+        for k, c in enumerate(chunks[1:], 1):
+            # a caption prefix that ends in a verb's object, joined: "a woman riding a bike and a basket"
+            # reads as riding a basket; the first noun phrase and the new one instead ("a woman and a basket")
+            obj = wn is not None and k > 1 and doc[spans[k - 1][1] - 1].dep_ in ("dobj", "obj")
+            levels.append([chunks[0], c] if obj else levels[-1] + [c])
             levels.append([(lead, c[1])])
     levels.append([(0, len(caption))])
     return levels
@@ -297,6 +311,8 @@ def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int
             and nxt.head.i > nxt.i and nxt.head.pos_ != "ADP" and nxt.head.lower_ not in RELATIONAL_NOUNS):
         # "an old fashion red car": the adjective may be the noun modifier's ("old fashion"), an idiom
         return f"adjective before the noun modifier {doc[tok.i + 1].text!r}"
+    if tok.pos_ == "ADJ" and lower == "light" and nxt is not None and nxt.pos_ == "NOUN" and nxt.lower_ not in COLORS:
+        return f"noun modifier or weight {'light ' + nxt.text!r}"  # "a light pole" -> "a dark pole" (fifth round)
     if tok.pos_ == "ADJ" and tok.i > 0 and doc[tok.i - 1].lower_ == "half":
         return f"idiom {'half ' + tok.text!r}"  # "half full" = "half empty"
     if tok.pos_ == "NOUN" and tok.dep_ == "compound" and tok.head.i > tok.i:
@@ -338,8 +354,17 @@ def _adp_object_reason(wn, tok, obj, lemma: str | None = None) -> str | None:
     """Why a preposition's object allows no false contrast (fourth round, issue 21), or None.
     `lemma`: the object's WordNet lemma when it is a compound ("tennis_racket")."""
     lower, o = tok.lower_, obj.lower_
-    if o in POSITION_NOUNS:  # "on the front" -> "near the front" stays true
-        return f"position object {tok.text + ' ' + obj.text!r}"
+    if o in POSITION_NOUNS or o in ORIENTATION_NOUNS:  # "on the front" -> "near the front" stays true
+        return f"position object {tok.text + ' ' + obj.text!r}"  # ("direction": a noun.location in WordNet)
+    head = tok.head
+    verb = _verb_lemma(head.lower_) if head.pos_ == "VERB" else None
+    if lower == "on" and o in VERTICAL_OBJECTS and verb not in SUPPORT_VERBS:  # "a crucifix on the wall" is near
+        return f"vertical surface {tok.text + ' ' + obj.text!r}"  # (not "birds sitting on a wall")
+    if lower == "on" and verb in RIDE_VERBS and wn is not None and wnmod.object_kind(wn, wnmod.base_form(
+            wn, o, "NOUN")) != "place" and (o.endswith(("board", "boards")) or any(c.dep_ == "dobj" for c in head.children)):
+        return f"what {head.text!r} is done on"  # "riding waves on a surfboard" -> "beside a surfboard"
+    if lower == "near" and noun_lexname(wn, head) == "noun.body":  # "a giraffe's neck near branches" -> "on"
+        return f"body part {head.text + ' ' + tok.text!r}"
     if wn is None:
         return None
     base = lemma or wnmod.base_form(wn, o, "NOUN")
@@ -372,8 +397,9 @@ def adp_kind(wn, tok) -> str:
     if lower == "under" and objs and objs[0].lower_ in OVERHEAD_OBJECTS:
         kind = "overhead"
     head = tok.head
+    subj = [c for c in head.children if c.dep_ == "nsubj"] if head.pos_ == "AUX" else [head]  # "people are on a boat"
     if lower == "on" and kind == "thing" and (head.pos_ == "VERB" or (
-            head.pos_ == "NOUN" and wn is not None and animate_noun(wn, head, people_only=True))):
+            subj and subj[0].pos_ == "NOUN" and wn is not None and animate_noun(wn, subj[0], people_only=True))):
         return "support"  # (a person is not under the skateboard he is on)
     return "animate" if objs and kind == "thing" and is_animate_kind(wn, objs[0]) else kind
 
@@ -381,7 +407,8 @@ def adp_kind(wn, tok) -> str:
 def animate_subject(wn, verb, people_only: bool = False) -> bool:
     """Whether the verb's subject (nsubj, or the noun an acl/relcl verb modifies) is a person
     or an animal (only a person with people_only), or a personal pronoun; True when unknown."""
-    subj = [c for c in verb.children if c.dep_ in ("nsubj", "nsubjpass")]
+    # (a relative pronoun's antecedent: "a man that has bananas" -> the man)
+    subj = [c for c in verb.children if c.dep_ in ("nsubj", "nsubjpass") and not _relative(verb, c)]
     noun = subj[0] if subj else verb.head if verb.dep_ in ("acl", "relcl", "advcl") else None
     return True if noun is None else animate_noun(wn, noun, people_only)
 
@@ -405,7 +432,7 @@ def subject_is_thing(wn, verb) -> bool:
     plant, substance, place or natural object ("a truck sits"), not a person, animal or group."""
     noun = verb
     for _ in range(3):  # through the verbs it hangs on: "a plate topped with food sitting" -> plate
-        subj = [c for c in noun.children if c.dep_ in ("nsubj", "nsubjpass")]
+        subj = [c for c in noun.children if c.dep_ in ("nsubj", "nsubjpass") and not _relative(noun, c)]
         noun = subj[0] if subj else noun.head if noun.dep_ in ("acl", "relcl", "advcl") else None
         if noun is None or noun.pos_ != "VERB":
             break
@@ -458,6 +485,18 @@ def animate_noun(wn, noun, people_only: bool = False) -> bool:
     return sense is None or sense.lexname() in kinds or sense.name() in tops
 
 
+def _relative(verb, subj) -> bool:
+    """A relative clause's pronoun subject ("a man that has"): the clause's noun is the subject."""
+    return verb.dep_ == "relcl" and subj.tag_ in ("WDT", "WP")
+
+
+def lack_fits(wn, verb, word: str) -> bool:
+    """A thing's or place's "has" -> "lacks" (fifth round: "a kitchen has a stove"), not of what is its own
+    ("a building has its lights on"), nor a person's or animal's ("a giraffe lacks its legs")."""
+    return _verb_lemma(word) == "lack" and wn is not None and subject_is_thing(wn, verb) and not any(
+        c.dep_ == "poss" for o in verb.children if o.dep_ == "dobj" for c in o.children)
+
+
 def _compound_whole(noun) -> tuple[str, ...]:
     """A noun and its noun modifiers ("train wreck" -> ("wreck", "train")): the wholes a part of."""
     return (noun.lower_, *(c.lower_ for c in noun.children if c.dep_ == "compound" and c.pos_ == "NOUN"))
@@ -471,6 +510,12 @@ ARRANGEMENT_OBJECTS = frozenset({"line", "lines", "row", "rows", "circle", "circ
 PEOPLE_GROUPS = ("people.n.01", "couple.n.01", "crowd.n.01", "team.n.01", "family.n.01", "audience.n.01")
 # Nouns of a relation ("left of", "right of"): "X right of Y" is a relation, not one phrase.
 RELATIONAL_NOUNS = frozenset({"left", "right", "front", "back", "top", "bottom", "side", "middle"})
+# Directions and surfaces one hangs on (fifth round): "in the opposite direction" -> "near the opposite
+# direction"; "a crucifix on the wall" -> "near the wall" stays true; verbs done on a board or vehicle.
+ORIENTATION_NOUNS = frozenset({"direction", "directions", "angle", "distance", "horizon", "way"})
+VERTICAL_OBJECTS = frozenset({"wall", "walls", "fence", "fences", "door", "doors", "window", "windows", "pole",
+                              "poles", "post", "fridge", "refrigerator", "screen", "building", "billboard"})
+RIDE_VERBS = frozenset({"ride", "surf", "skate", "skateboard", "ski", "snowboard", "sail", "paddle", "balance"})
 # Bare position nouns ("in front of", "on top of"), not phrases of their own.
 POSITION_NOUNS = frozenset({"front", "top", "side", "middle", "back", "bottom", "edge", "corner", "end", "center"})
 # Verbs of resting on a support: "sitting on a bench" -> "beside a bench", never "under a bench".
@@ -485,6 +530,7 @@ LOCATIVE_ADP = frozenset({"in", "on", "at", "near", "under", "by", "beside", "be
 # ("tusked", "shallow", "grassy", "grilled", a participle) belongs to its noun, and the noun is
 # then not replaced ("a tusked giraffe", "a shallow street", "a grilled pasta"): the modifier is.
 SIZE_ADJ = frozenset({"big", "small", "large", "little", "tiny", "huge", "giant", "tall", "short", "long"})
+CHILD_SIZES = SIZE_ADJ - {"tall", "short", "long"}  # "a little girl" -> "a big girl" reads odd (no size swap)
 FREE_ADJ = SIZE_ADJ | frozenset({"old", "new", "nice", "beautiful", "pretty", "cute", "lovely", "dirty", "clean",
                                  "wet", "dry", "dark", "bright", "empty", "full", "open", "closed", "wooden", "metal",
                                  "plastic", "young", "adult", "colorful", "fresh", "busy", "stuffed", "favorite",
@@ -531,38 +577,6 @@ def modifiers_fit(wn, noun, new_base: str, colors: dict, start: int | None = Non
                 wnmod.is_young(wn, old) != wnmod.is_young(wn, new_base):
             return False
     return True
-
-
-def young_phrase(wn, noun) -> bool:
-    """A noun naming a young one ("girl") or modified by one ("her young, baby elephant")."""
-    return noun.pos_ in ("NOUN", "PROPN") and any(wnmod.is_young(wn, wnmod.base_form(wn, t.lower_, "NOUN")) for t in (
-        noun, *(c for c in noun.children if c.dep_ in ("compound", "nmod") and c.pos_ == "NOUN")))
-
-
-def described_noun(adj):
-    """The noun an adjective token describes: its head for "a red car" (through "black and white"),
-    the subject for "the car is red"; the adjective itself when there is none."""
-    h = adj
-    while h.dep_ == "conj" and h.head is not h:
-        h = h.head
-    if h.dep_ in ("amod", "compound") or h.head.pos_ in ("NOUN", "PROPN"):
-        return h.head
-    if h.dep_ == "acomp":
-        subj = [c for c in h.head.children if c.dep_ in ("nsubj", "nsubjpass")]
-        return subj[0] if subj else adj
-    return adj
-
-
-def is_animate_kind(wn, noun) -> bool:
-    """A noun token known (WordNet's most frequent sense) to be a person or an animal."""
-    if wn is None or noun.pos_ not in ("NOUN", "PROPN"):
-        return noun.pos_ == "PRON" and noun.lower_ in ("him", "her", "them", "people", "someone")
-    words = (noun.doc[noun.i - 1].lower_, wnmod.base_form(wn, noun.lower_, "NOUN")) if noun.i else ()
-    if words and wnmod.is_compound(wn, words):  # "a baseball bat", "a teddy bear", "a hot dog": the compound's
-        return all(x.lexname() in ("noun.person", "noun.animal") for x in wn.synsets("_".join(words), "n")[:2])
-    sense = wnmod.most_frequent_sense(wn, words[1] if words else wnmod.base_form(wn, noun.lower_, "NOUN"), "NOUN")
-    return sense is not None and (sense.lexname() in ("noun.person", "noun.animal")
-                                  or sense.name() in ("person.n.01", "animal.n.01", "people.n.01"))
 
 
 # quantity nouns after which a bare singular is a mass noun ("a pile of broccoli", "a herd of sheep")

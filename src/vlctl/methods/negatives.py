@@ -175,7 +175,7 @@ _NOUN_PAIRS = (("man", "woman"), ("boy", "girl"), ("person", "animal"), ("people
 # table to sit at): never offered, whatever the source.
 # A train is made of cars ("long trains" -> "long cars" stays true).
 EXCLUDED_PAIRS = frozenset({("bus", "car"), ("car", "bus"), ("bench", "table"), ("table", "bench"),
-                            ("train", "car"), ("car", "train"),
+                            ("train", "car"), ("car", "train"), ("sunset", "sunrise"), ("sunrise", "sunset"),
                             ("group", "set"), ("couple", "pair"), ("hold", "carry"), ("carry", "hold"),
                             *((a, b) for x in ("house", "church", "tower") for a, b in (("building", x), (x, "building")))})
 _ADJ_PAIRS = tuple(p for p in _PAIRS if p[0] not in ("on", "in", "into", "with", "above", "over", "up", "before",
@@ -187,7 +187,7 @@ _MATERIALS = ("wooden", "metal", "plastic", "stone")
 _ADJ_GROUPS = (_COLORS, _MATERIALS, ("round", "square"), ("grassy", "sandy", "snowy", "rocky"))
 _ADJ_SOURCES = {"brick": ("wooden", "stone"), "paper": ("plastic",), "leather": ("plastic",), "bright": ("dark",),
                 "concrete": ("wooden", "metal"), "gold": ("silver",), "golden": ("silver",), "rusted": ("shiny",),
-                "rusty": ("shiny",), "modern": ("old",), "quiet": ("busy",)}
+                "rusty": ("shiny",), "modern": ("old",), "quiet": ("busy",), "calm": ("rough",)}
 # The colours an animal's coat has: "a brown dog" -> "a black dog", never "a green horse";
 # landscape keeps to the colours of earth, snow and cloud ("a green field" -> "a brown field",
 # "a blue sky" -> "a gray sky", never "a lush purple field"). Food, plants and body parts get no
@@ -205,7 +205,7 @@ COLORS = frozenset(_COLORS) | {"grey"}
 # Verbs by valency: "flying a kite" -> "holding a kite", but "a plane flying" -> "a plane sitting".
 # Motion verbs only for animate subjects (TreeGenerator checks): "bagels sitting on a rack" may
 # become "standing", never "running".
-_VERB_INTRANSITIVE = (("stand", "sit", "lie"), ("look", "point"), ("smile", "cry"), ("sleep", "eat"))
+_VERB_INTRANSITIVE = (("stand", "sit", "lie"), ("look", "point"), ("smile", "cry"), ("sleep", "eat"), ("have", "lack"))
 MOTION_VERBS = (("walk", "run", "jump"),)
 # What an animal does to an object ("a cow eating grass" -> "smelling grass"; never "cutting grass").
 ANIMAL_TRANSITIVE = {"eat": ("smell",), "hold": ("drop",), "carry": ("drop",), "ride": ("push",),
@@ -254,7 +254,7 @@ ADP_CONTRASTS: dict[tuple[str, str], tuple[str, ...]] = {
     ("on", "thing"): ("under", "beside"), ("on", "place"): ("near",), ("on", "garment"): ("under",),
     ("at", "place"): ("near",),  # "people at the beach" -> "near the beach" (a thing's "at a table": none)
     ("in", "thing"): ("beside", "outside"), ("in", "place"): ("near",), ("in", "garment"): ("without",),
-    ("near", "thing"): ("on", "under"), ("near", "place"): ("in",), ("near", "garment"): ("on",),
+    ("near", "thing"): ("on",), ("near", "place"): ("in",), ("near", "garment"): ("on",),
     ("under", "*"): ("on", "beside"), ("under", "overhead"): ("beside",), ("underneath", "*"): ("above",),
     ("beneath", "*"): ("above",),
     # what one sits, stands or lies on ("a man sitting on a bench" -> "under a bench" is absurd)

@@ -103,7 +103,7 @@ from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_ha
 )
 from vlctl.methods.tree_cache import TreeCache
 
-GENERATOR_VERSION = "3vl-trees-5"
+GENERATOR_VERSION = "3vl-trees-6"
 TREE_POS = ("NOUN", "ADJ", "ADP", "VERB")
 
 
@@ -368,14 +368,15 @@ class TreeGenerator:
                     and not (colors_ok is not None and (w in COLORS or lower in COLORS) and w not in colors_ok)
                     and bases[w] not in seen
                     and not (fit is not None and not fit(bases[w]))  # fit is set for nouns only: pos == "NOUN"
-                    and not (young and w in ("old", "young", "new"))  # "a young girl" -> "an old girl"
+                    and not (young and (w in ("old", "young", "new") or lower in parse.CHILD_SIZES and parse.
+                                        is_animate_kind(wn, parse.described_noun(tok))))  # "a big girl"
                     and not (pos == "ADJ" and not opening and (w in OPENING_ADJ or lower in OPENING_ADJ))
                     and (pettable or _verb_lemma(w) not in ANIMATE_OBJECT_VERBS)  # "feeding a bike"
                     and (resting_ok or _verb_lemma(w) not in parse.RESTING_VERBS)
                     # heavy animals do not jump; a verb with an object keeps a transitive verb
                     # ("three cows are eating food" -> "sleeping food")
-                    and not (pos == "VERB" and not person and (_verb_lemma(w) in ("jump", "point") or transitive and (
-                        stage != "table" or not animate)))
+                    and (pos != "VERB" or parse.lack_fits(wn, tok, w) or _verb_lemma(w) != "lack" and not (not person and (
+                        _verb_lemma(w) in ("jump", "point") or transitive and (stage != "table" or not animate))))
                     and not (animate_obj and _verb_lemma(w) not in ("watch", "feed", "pet")))  # "dropping young girls"
                 if counted:
                     words = tuple(inflect_like(w, "NNS", "NOUN") or pluralize(w) for w in words)
@@ -411,7 +412,7 @@ class TreeGenerator:
         units = parse.word_units(doc, self.wn_)
         fixed = parse.fixed_phrases(doc)
         lead = len(caption) - len(caption.lstrip())
-        pieces_per_level = parse.level_pieces(doc, caption, lead, units)
+        pieces_per_level = parse.level_pieces(doc, caption, lead, units, self.wn_ if self.vocab_ is None else None)
         texts = [" and ".join(caption[a:b] for a, b in pieces) for pieces in pieces_per_level]
         # Consecutive levels with the same words ("a cat on a mat" then "a cat on a mat.") are one
         # level; the later one is kept, so the last level is always the caption itself.

@@ -540,3 +540,61 @@ def morphy_known(wn, word: str) -> bool:
     """WordNet's own morphology ("children" -> child, "geese" -> goose): irregular forms the
     suffix rules miss."""
     return any(wn._morphy(word, p) for p in "nvar")
+
+
+def fix_misread(doc, wn) -> None:
+    """Noun compounds the parser read as subject + verb (fifth round, issue 21): a verb that is a
+    preposition's object ("on a city side walk") or after a counted singular ("two doughnut holes")
+    is a noun; a caption's verbless root noun ("a bus parking on the side", "an air plane flies in")
+    is the verb of its noun modifier."""
+    has_verb = any(t.pos_ in ("VERB", "AUX") for t in doc)
+    for tok in doc:
+        prev = doc[tok.i - 1] if tok.i else None
+        if prev is None or prev.pos_ != "NOUN" or prev.head.i != tok.i and tok.dep_ != "pobj":
+            continue
+        if tok.pos_ == "VERB" and (tok.dep_ == "pobj" and tok.tag_ != "VBG" or tok.tag_ == "VBZ" and prev.dep_ == "nsubj" and any(
+                c.dep_ == "nummod" and c.lower_ != "one" for c in prev.children)):
+            tok.pos_, tok.tag_, prev.dep_ = "NOUN", "NNS" if tok.tag_ == "VBZ" else "NN", "compound"
+        elif (not has_verb and tok.dep_ == "ROOT" and tok.pos_ == "NOUN" and prev.dep_ in ("compound", "nsubj")
+              and first_lexname(wn, base_form(wn, prev.lower_, "NOUN")) in ("noun.person", "noun.animal", "noun.artifact")
+              and knows(wn, tok.lower_, "VERB") and (tok.lower_.endswith("ing") or tok.tag_ == "NNS"
+                  and tok.doc[tok.left_edge.i].lower_ in ("a", "an"))  # "an air plane flies": "a" + a plural
+              and any(c.dep_ == "prep" for c in tok.children)
+              and not is_compound(wn, (prev.lower_, base_form(wn, tok.lower_, "NOUN")))):
+            tok.pos_, tok.tag_, prev.dep_ = "VERB", "VBZ" if tok.tag_ == "NNS" else "VBG", "nsubj"
+            for c in list(tok.children):
+                if c.i < prev.i:
+                    c.head = prev
+
+
+def described_noun(adj):
+    """The noun an adjective token describes: its head for "a red car" (through "black and white"),
+    the subject for "the car is red"; the adjective itself when there is none."""
+    h = adj
+    while h.dep_ == "conj" and h.head is not h:
+        h = h.head
+    if h.dep_ in ("amod", "compound") or h.head.pos_ in ("NOUN", "PROPN"):
+        return h.head
+    if h.dep_ == "acomp":
+        subj = [c for c in h.head.children if c.dep_ in ("nsubj", "nsubjpass")]
+        return subj[0] if subj else adj
+    return adj
+
+
+def young_phrase(wn, noun) -> bool:
+    """A noun naming a young one ("girl") or modified by one ("her young, baby elephant")."""
+    return noun.pos_ in ("NOUN", "PROPN") and any(is_young(wn, base_form(wn, t.lower_, "NOUN")) for t in (
+        noun, *(c for c in noun.children if c.dep_ in ("compound", "nmod") and c.pos_ == "NOUN")))
+
+
+def is_animate_kind(wn, noun) -> bool:
+    """A noun token known (WordNet's most frequent sense) to be a person or an animal."""
+    if wn is None or noun.pos_ not in ("NOUN", "PROPN") or noun.lower_ in ("bat", "bats", "mouse"):
+        # (WordNet's first "bat" and "mouse" are animals; a photo's are a baseball bat and a computer's)
+        return noun.pos_ == "PRON" and noun.lower_ in ("him", "her", "them", "people", "someone")
+    words = (noun.doc[noun.i - 1].lower_, base_form(wn, noun.lower_, "NOUN")) if noun.i else ()
+    if words and is_compound(wn, words):  # "a baseball bat", "a teddy bear", "a hot dog": the compound's
+        return all(x.lexname() in ("noun.person", "noun.animal") for x in wn.synsets("_".join(words), "n")[:2])
+    sense = most_frequent_sense(wn, words[1] if words else base_form(wn, noun.lower_, "NOUN"), "NOUN")
+    return sense is not None and (sense.lexname() in ("noun.person", "noun.animal")
+                                  or sense.name() in ("person.n.01", "animal.n.01", "people.n.01"))
