@@ -504,3 +504,21 @@ def test_fifth_round_more_contrasts(gen):
     # a relative pronoun's verb is its noun's: "a man that is holding" a person's verb, a car's "sitting" none
     assert _replaced(gen, "A man that is holding a wine glass", "holding") == {"dropping"}
     assert _missed(gen, "A car that is sitting in the street.")["sitting"].startswith("posture verb")
+
+
+def test_sixth_round_levels_are_fluent(gen):
+    # after a verb, a preposition's object is no object of the prefix: the subject and it instead
+    levels = [lv["positive"] for lv in gen.tree("People walk across the street at red traffic lights")]
+    assert "People and red traffic lights" in levels
+    assert "People walk across the street and red traffic lights" not in levels
+    # a verb's direct object after the prefix still joins the prefix (the paper's "... and kites")
+    assert "A man sitting on a bench and an umbrella" in [
+        lv["positive"] for lv in gen.tree("A man sitting on a bench holding an umbrella")]
+    # no level cut inside "X covered Y", "X mounted Y", "X of sleeping Y" or "the cats chin"
+    levels = [lv["positive"] for lv in gen.tree("A meat covered sandwich on a plate")]
+    assert levels[0] == "A meat covered sandwich" and "A meat" not in levels
+    assert "a bathroom with a wall and white toilet" not in [
+        lv["positive"] for lv in gen.tree("a bathroom with a wall mounted white toilet")]
+    assert gen.tree("A flock of sleeping pink flamingos")[0]["positive"] == "A flock of sleeping pink flamingos"
+    levels = [lv["positive"] for lv in gen.tree("a cat sleeping with a remote under the cats chin")]
+    assert not any(lv.endswith("the cats") for lv in levels)

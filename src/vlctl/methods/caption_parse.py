@@ -2,15 +2,13 @@
 the 3VL tree generator (`vlctl.methods.trees.TreeGenerator`) that reads tokens, not tables of
 replacements.
 
-- `retag`: forced tags (`pos_overrides`), then lower-case PROPN that WordNet knows as a common
-  word read as that word.
+- `retag`: forced tags (`pos_overrides`), then lower-case PROPN WordNet knows read as that word.
 - `word_units`: token spans that are one word for levels and negatives (WordNet compounds as "fire
   hydrant", hyphenated words as "long-haired"); `wn_compound` decides the compounds.
 - `fixed_phrases`: tokens inside a fixed phrase ("on top of", "next to").
 - `noun_phrases`: the noun chunks the tree levels are made of, as token spans.
 - `skip_reason`: why a tree-POS token gets no negative (proper noun, copula, idiom, phrasal verb...).
-- `animate_subject`, `head_is_animate`, `animate_noun`: whether a verb's subject or an adjective's
-  noun is a person or an animal (the replacement tables differ for them).
+- `animate_subject`, `head_is_animate`, `animate_noun`: a person or animal subject or noun?
 
 `wn` is a WordNet reader (`vlctl.methods.wordnet.load_wordnet`) or None: without WordNet there are
 no compounds, no PROPN is retagged and every noun counts as animate.
@@ -37,12 +35,16 @@ from vlctl.methods.negatives import (
     QUANTITY_NOUNS,
     RELATION_PHRASES,
     VERB_ARGUMENT_ADP,
+    inflect_like,
+    pluralize,
+    zipf,
 )
 from vlctl.methods.wordnet import (  # noqa: F401 (old homes)
     described_noun,
+    head_is_animate,
     is_animate_kind,
-    mass_or_plural,
     morphological_antonym,
+    noun_lexname,
     wn_compound,
     young_phrase,
 )
@@ -174,7 +176,7 @@ def noun_phrases(doc, units: dict[int, tuple[int, int]]) -> list[tuple[int, int]
         prev = merged[-1] if merged else None
         # "X of Y" is one phrase, for quantities ("a couple of dogs") and any "of" that attaches to X
         # ("a small party of people", "sunlight of window": "a small party and people" is not English)
-        if (prev is not None and prev[1] + 1 == s and doc[prev[1]].lower_ == "of"
+        if (prev is not None and prev[1] < s and all(t.tag_ == "VBG" for t in doc[prev[1] + 1:s]) and doc[prev[1]].lower_ == "of"
                 and ((doc[prev[1] - 1].lower_ in QUANTITY_NOUNS and doc[prev[1] - 1].pos_ == "NOUN")
                      or (prev[0] <= doc[prev[1]].head.i < prev[1] and doc[prev[1] - 1].lower_ not in RELATIONAL_NOUNS))):
             merged[-1] = (prev[0], e)
@@ -194,6 +196,12 @@ def level_pieces(doc, caption: str, lead: int, units, wn=None) -> list[list[tupl
         return lead + doc[s].idx, lead + doc[e - 1].idx + len(doc[e - 1].text)
 
     spans = noun_phrases(doc, units)
+    for k in range(len(spans) - 1 if wn is not None else 0, 0, -1):  # never "a meat" of "a meat covered sandwich"
+        (s0, e0), (s1, e1) = spans[k - 1], spans[k]
+        if s1 == e0 + 1 and doc[e0].tag_ in ("VBN", "VBD") and doc[e0 - 1].pos_ == "NOUN" and doc[s1].pos_ != "DET":
+            spans[k - 1:k + 1] = [(s0, e1)]
+    spans = [(s, e + 1) if wn is not None and e < len(doc) and doc[e].tag_ in ("VBP", "VBZ") and doc[e - 1].dep_ == "pobj"
+             and all(t.is_punct for t in doc[e + 1:]) else (s, e) for s, e in spans]  # "under the cats chin"
     chunks = [chars(s, e) for s, e in spans]
     levels: list[list[tuple[int, int]]] = []
     if chunks:
@@ -201,7 +209,9 @@ def level_pieces(doc, caption: str, lead: int, units, wn=None) -> list[list[tupl
         for k, c in enumerate(chunks[1:], 1):
             # a caption prefix that ends in a verb's object, joined: "a woman riding a bike and a basket"
             # reads as riding a basket; the first noun phrase and the new one instead ("a woman and a basket")
-            obj = wn is not None and k > 1 and doc[spans[k - 1][1] - 1].dep_ in ("dobj", "obj")
+            # ... and after a verb, a preposition's object: "people walk across the street and red lights"
+            obj = wn is not None and k > 1 and (doc[spans[k - 1][1] - 1].dep_ in ("dobj", "obj") or doc[
+                spans[k][0]:spans[k][1]].root.dep_ in ("pobj", "ROOT") and any(t.pos_ == "VERB" for t in doc[spans[0][1]:spans[k - 1][1]]))
             levels.append([chunks[0], c] if obj else levels[-1] + [c])
             levels.append([(lead, c[1])])
     levels.append([(0, len(caption))])
@@ -447,22 +457,18 @@ def subject_is_thing(wn, verb) -> bool:
     return noun is not None and noun_lexname(wn, noun) in _THING_LEXNAMES
 
 
-def noun_lexname(wn, noun) -> str | None:
-    """The WordNet lexicographer file of a noun token's most frequent sense ("noun.animal"), or None
-    (no WordNet, not a noun, unknown word)."""
-    if wn is None or noun.pos_ not in ("NOUN", "PROPN"):
-        return None
-    sense = wnmod.most_frequent_sense(wn, wnmod.base_form(wn, noun.lower_, "NOUN"), "NOUN")
-    return None if sense is None else sense.lexname()
-
-
-def head_is_animate(wn, adj) -> bool:
-    """An adjective's noun is known to be a person or animal (not merely unknown)."""
-    head = adj.head
-    if head is adj or head.pos_ not in ("NOUN", "PROPN") or wn is None:
-        return False
-    sense = wnmod.most_frequent_sense(wn, wnmod.base_form(wn, head.lower_, "NOUN"), "NOUN")
-    return sense is not None and sense.lexname() in ("noun.person", "noun.animal")
+def mass_or_plural(wn, word: str, quantity: str = "pile") -> str:
+    """`word` after "a <quantity> of": singular after "piece"/"slice", else itself if a mass noun (a WordNet
+    substance, or a plural much rarer than the singular: "cheeses"), else its plural."""
+    if quantity in ("piece", "slice"):
+        return inflect_like(word, "NN", "NOUN") or word
+    plural = inflect_like(word, "NNS", "NOUN") or pluralize(word)
+    if plural == word or " " in word:
+        return word
+    sense = wnmod.most_frequent_sense(wn, word, "NOUN") if wn is not None else None
+    if (sense is not None and sense.lexname() == "noun.substance") or zipf(plural) < zipf(word) - 1.0:
+        return word
+    return plural
 
 
 def animate_noun(wn, noun, people_only: bool = False) -> bool:

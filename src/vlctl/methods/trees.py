@@ -103,7 +103,7 @@ from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_ha
 )
 from vlctl.methods.tree_cache import TreeCache
 
-GENERATOR_VERSION = "3vl-trees-6"
+GENERATOR_VERSION = "3vl-trees-7"
 TREE_POS = ("NOUN", "ADJ", "ADP", "VERB")
 
 

@@ -502,21 +502,21 @@ def wn_compound(wn, first, second) -> bool:
     return sense is not None and sense.lexname() != "noun.person"
 
 
-def mass_or_plural(wn, word: str, quantity: str = "pile") -> str:
-    """`word` as it follows "a <quantity> of": after "piece"/"slice" its singular; else itself when
-    it is a mass noun, else its plural. Mass: a substance (WordNet), or a plural much rarer than
-    the singular (wordfreq: "pastas", "cheeses")."""
-    from vlctl.methods.negatives import inflect_like, pluralize, zipf  # (negatives imports this module)
+def noun_lexname(wn, noun) -> str | None:
+    """A noun token's most frequent sense's lexicographer file ("noun.animal"); None if unknown."""
+    if wn is None or noun.pos_ not in ("NOUN", "PROPN"):
+        return None
+    sense = most_frequent_sense(wn, base_form(wn, noun.lower_, "NOUN"), "NOUN")
+    return None if sense is None else sense.lexname()
 
-    if quantity in ("piece", "slice"):
-        return inflect_like(word, "NN", "NOUN") or word
-    plural = inflect_like(word, "NNS", "NOUN") or pluralize(word)
-    if plural == word or " " in word:
-        return word
-    sense = most_frequent_sense(wn, word, "NOUN") if wn is not None else None
-    if (sense is not None and sense.lexname() == "noun.substance") or zipf(plural) < zipf(word) - 1.0:
-        return word
-    return plural
+
+def head_is_animate(wn, adj) -> bool:
+    """An adjective's noun is known to be a person or animal (not merely unknown)."""
+    head = adj.head
+    if head is adj or head.pos_ not in ("NOUN", "PROPN") or wn is None:
+        return False
+    sense = most_frequent_sense(wn, base_form(wn, head.lower_, "NOUN"), "NOUN")
+    return sense is not None and sense.lexname() in ("noun.person", "noun.animal")
 
 
 def is_known(word: str, known: frozenset[str]) -> bool:
