@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vlctl.data.scenes import load_scenes
+from vlctl.data.scenes import CHECKLIST_CATEGORIES, load_scenes
 from vlctl.encoders import tiny_clip
 from vlctl.encoders.tiny_encoder import TinyCLIPEncoder
 from vlctl.eval.checklist import checklist_accuracy, checklist_scores
@@ -24,9 +24,7 @@ cfg = dataclasses.replace(L.load_preset(True), base_epochs=ep, seeds=(0,))
 r = Runner(Path("runs/lit-base-lever"), stages="runs/lit-quick/stages")
 k = L.stage_keys(cfg)
 data = r.stage("data", k["data"], lambda w: L._data(cfg, w))
-fields = ("vision_model", "context_length", "base_epochs", "base_batch_size", "base_lr", "temperature_lr", "base_warmup_steps")
-key = {"data": k["data"], "seed": 0, **{f: getattr(cfg, f) for f in fields}}
-b = r.stage("base_s0", key, lambda w, res: L._base(cfg, 0, data, w, res), resumable=True)
+b = r.stage("base_s0", L.base_stage_key(cfg, 0, k), lambda w, res: L._base(cfg, 0, data, w, res), resumable=True)
 secs = json.loads((b / "fit.json").read_text())["seconds"]  # the stage's own fit time (also when reused)
 enc = TinyCLIPEncoder(tiny_clip.load_pretrained(b / "model"))
 test = load_scenes(data / "test")
@@ -34,7 +32,7 @@ items = L.test_items(data, cfg.data_seed)
 with torch.no_grad():
     x = enc.preprocess_batch(np.asarray(test["images"]))
     acc = {c: checklist_accuracy(s) for c, s in checklist_scores(enc, x, items).items()}
-acc["average"] = float(np.mean([acc[c] for c in ("attribute_color", "attribute_size", "attribute_material", "relation_spatial", "object")]))
+acc["average"] = float(np.mean([acc[c] for c in CHECKLIST_CATEGORIES]))
 out = {"base_epochs": ep, "seed": 0, "base_seconds": secs, "accuracy": acc, "stage": b.name}
 Path(f"experiments/relation_levers/lit_base_epochs_{ep}.json").write_text(json.dumps(out, indent=1))
 print(json.dumps(out))

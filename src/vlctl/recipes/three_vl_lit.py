@@ -496,6 +496,13 @@ def stage_keys(cfg: ThreeVLLitRecipe) -> dict:
     return {"data": data_key, "data_finetune": ft_data_key, "trees": trees_key}
 
 
+def base_stage_key(cfg: ThreeVLLitRecipe, seed: int, keys: dict | None = None) -> dict:
+    """The key of stage base_s<seed> (`keys`: `stage_keys(cfg)`, when already computed)."""
+    fields = ("vision_model", "context_length", "base_epochs", "base_batch_size", "base_lr", "temperature_lr",
+              "base_warmup_steps")
+    return {"data": (keys or stage_keys(cfg))["data"], "seed": seed, **{f: getattr(cfg, f) for f in fields}}
+
+
 def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitRecipe | None = None,
         stages: str | Path | None = None, from_scratch: bool = False) -> Path:
     cfg = cfg or load_preset(quick)
@@ -505,13 +512,11 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitReci
     data_dir = runner.stage("data", keys["data"], lambda w: _data(cfg, w))
     ft_data_dir = runner.stage("data-finetune", keys["data_finetune"], lambda w: _data_finetune(cfg, w))
     trees_dir = runner.stage("trees", keys["trees"], lambda w: _trees(cfg, ft_data_dir, w))
-    base_fields = ("vision_model", "context_length", "base_epochs", "base_batch_size", "base_lr", "temperature_lr",
-                   "base_warmup_steps")
     ft_fields = ("ft_epochs", "ft_batch_size", "ft_lr", "ft_warmup_steps", "ft_patch_dropout", "rank", "lora_alpha",
                  "minilm_layers", "towers")
     base_dirs, ft_dirs = {}, {}
     for seed in cfg.seeds:
-        base_key = {"data": keys["data"], "seed": seed, **{f: getattr(cfg, f) for f in base_fields}}
+        base_key = base_stage_key(cfg, seed, keys)
         base_dirs[seed] = runner.stage(f"base_s{seed}", base_key,
                                        lambda w, r, seed=seed: _base(cfg, seed, data_dir, w, r), resumable=True)
         for mode in FT_MODES:

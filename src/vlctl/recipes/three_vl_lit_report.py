@@ -22,8 +22,8 @@ BASE_MODELS = ("base", "contrastive", "negclip", "tree")
 EXTRA_CATEGORIES = ("attribute_swap", "single_object")
 CATEGORIES = (*CHECKLIST_CATEGORIES, *EXTRA_CATEGORIES)
 POS_TAGS = ("NOUN", "ADJ", "ADP")
-# What the quick preset measured when it was written (3 seeds, on a CPU shared by six sessions), printed when
-# targets are missed.
+
+
 def shortfall(cfg, r: dict) -> str:
     """Where this run falls short of the targets, and why, with this run's numbers (the levers
     measured outside the recipe are in experiments/relation_levers/README.md)."""

@@ -58,7 +58,7 @@ from vlctl.io import VlctlError
 from vlctl.serve import imaging, schemas, work
 from vlctl.serve.heavy import HeavyWorker, WorkerLost
 from vlctl.serve.jobs import Jobs, TooManyJobs
-from vlctl.serve.state import NotFound, ServeState
+from vlctl.serve.state import TEXT_QUERY_CACHE, NotFound, ServeState
 
 STATIC = Path(__file__).resolve().parent / "static"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -89,7 +89,7 @@ class ServeConfig:
     heavy_nice: int = opt(10, "how much lower that process's CPU priority is (os.nice increment): explain and "
                           "clustering yield the cores to search and steer; 0 on a machine busy with other work, "
                           "where a niced worker waits long", ge=0, le=19)
-    text_cache: int = opt(4096, "text queries whose embedding each collection keeps (0: run the text tower for "
+    text_cache: int = opt(TEXT_QUERY_CACHE, "text queries whose embedding each collection keeps (0: run the text tower for "
                           "every query); a repeated query then skips the text tower", ge=0, le=10**7)
 
     def __post_init__(self) -> None:
