@@ -205,7 +205,7 @@ def _cpu_seconds(pid: int) -> float | None:
 
 
 def run_load(base: str, requests: list, clients: int, server_pid: int | None = None) -> dict:
-    results: list[tuple[str, float, int]] = []
+    results: list[tuple[str, float, int, float]] = []  # kind, latency (s), status, start (s after t0)
     lock = threading.Lock()
     queue = list(reversed(requests))
 
@@ -229,12 +229,12 @@ def run_load(base: str, requests: list, clients: int, server_pid: int | None = N
                 except (OSError, ValueError):
                     status = -1
                 with lock:
-                    results.append((kind, time.perf_counter() - t0, status))
+                    results.append((kind, time.perf_counter() - t0, status, t0 - start))
         finally:
             http.close()
 
     cpu0, server0 = time.process_time(), _cpu_seconds(server_pid) if server_pid else None
-    t0 = time.perf_counter()
+    t0 = start = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
         t.start()
@@ -244,9 +244,9 @@ def run_load(base: str, requests: list, clients: int, server_pid: int | None = N
     client_cpu = time.process_time() - cpu0
     server1 = _cpu_seconds(server_pid) if server_pid else None
     per: dict[str, dict] = {}
-    for kind in sorted({k for k, _, _ in results}):
-        lat = [s * 1000 for k, s, _ in results if k == kind]
-        st = [c for k, _, c in results if k == kind]
+    for kind in sorted({r[0] for r in results}):
+        lat = [r[1] * 1000 for r in results if r[0] == kind]
+        st = [r[2] for r in results if r[0] == kind]
         per[kind] = {"count": len(lat), "p50_ms": round(percentile(lat, 50), 1), "p99_ms": round(percentile(lat, 99), 1),
                      "max_ms": round(max(lat), 1), "errors": sum(c >= 400 or c < 0 for c in st),
                      "5xx": sum(c >= 500 for c in st)}
@@ -255,7 +255,14 @@ def run_load(base: str, requests: list, clients: int, server_pid: int | None = N
         cpu["server_ms_per_request"] = round((server1 - server0) / len(results) * 1000, 2)
     return {"requests": len(results), "clients": clients, "wall_s": round(wall, 2),
             "requests_per_s": round(len(results) / wall, 1), "errors": sum(v["errors"] for v in per.values()),
-            "5xx": sum(v["5xx"] for v in per.values()), "cpu": cpu, "endpoints": per}
+            "5xx": sum(v["5xx"] for v in per.values()), "cpu": cpu, "endpoints": per,
+            "_requests": sorted(results, key=lambda r: r[3])}
+
+
+def write_requests(path: Path, requests: list) -> None:
+    """Every request of the load run, in start order: what each percentile is recomputed from."""
+    lines = ["kind,start_s,latency_ms,status"] + [f"{k},{t:.4f},{s * 1000:.2f},{c}" for k, s, c, t in requests]
+    path.write_text("\n".join(lines) + "\n")
 
 
 def one_client(base: str, requests: list, kinds: tuple[str, ...] = ("search_text", "search_image", "steer_attribute",
@@ -371,6 +378,9 @@ def main() -> int:
               "startup_s": round(startup, 1), "load": load, "one_client": alone, "explain_alone": explain,
               "cluster_10k": cluster_10k(args.demo_dir, args.heavy_threads),
               "note": "2 CPU cores shared with other processes while measured: latencies include their load"}
+    requests_csv = Path(args.json).with_suffix(".requests.csv")
+    write_requests(requests_csv, load.pop("_requests"))
+    result["requests_csv"] = str(requests_csv)
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 1 if load["5xx"] else 0

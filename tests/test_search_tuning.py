@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from vlctl.embeddings.search import refine_exact
+from vlctl.embeddings.search import refine_exact, top_positions
 from vlctl.embeddings.tuning import NPROBE_STEPS, REFINE_STEPS, exact_neighbours, grid
 from vlctl.index import IndexConfig, create_gallery, open_gallery
 
@@ -46,6 +46,19 @@ def test_refine_exact_faiss_kernel_and_numpy_agree_with_a_reference():
         assert np.allclose(scores[got >= 0], np.einsum("qd,qd->q", x[got[got >= 0]], np.repeat(q, 10, 0)
                                                        [(got >= 0).ravel()]), atol=1e-6)
         assert np.isneginf(scores[3, 5:]).all() and (got[3, 5:] == -1).all()
+
+
+def test_top_positions_is_the_stable_argsort_prefix():
+    # ties at the k-th score, NaN and -inf take the full sort of their row; the rest a partition
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        q, m, k = rng.integers(1, 4), rng.integers(1, 40), rng.integers(1, 45)
+        s = rng.integers(0, 4, (q, m)).astype(np.float32) if trial % 2 else rng.standard_normal((q, m), np.float32)
+        if trial % 7 == 0:
+            s[0, 0] = np.nan
+        if trial % 5 == 0:
+            s[:, :2] = -np.inf
+        np.testing.assert_array_equal(top_positions(s, k), np.argsort(-s, axis=1, kind="stable")[:, :k])
 
 
 def test_exact_neighbours_hold_each_query_out():

@@ -162,16 +162,29 @@ def refine_exact(q: np.ndarray, ids: np.ndarray, arrays: list[np.ndarray], k: in
     rows[order] = row_reader(arrays)(flat[order])
     scores = np.matmul(rows.reshape(*ids.shape, -1), q[:, :, None])[:, :, 0]
     scores[~valid] = -np.inf
-    if kk < ids.shape[1]:
-        part = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
-        part.sort(axis=1)  # candidate order among the kept, so ties keep it
-    else:
-        part = np.broadcast_to(np.arange(kk), (len(ids), kk))
-    top_s = np.take_along_axis(scores, part, 1)
-    best = np.argsort(-top_s, axis=1, kind="stable")
-    top_i = np.take_along_axis(np.take_along_axis(ids, part, 1), best, 1)
-    top_s = np.take_along_axis(top_s, best, 1)
+    best = top_positions(scores, kk)
+    top_s, top_i = np.take_along_axis(scores, best, 1), np.take_along_axis(ids, best, 1)
     return top_s, np.where(top_s > -np.inf, top_i, -1)
+
+
+def top_positions(scores: np.ndarray, k: int) -> np.ndarray:
+    """(q, m) -> (q, min(k, m)): per row, the positions of its k largest scores, best first, equal
+    scores in position order: `np.argsort(-scores, axis=1, kind="stable")[:, :k]`, without sorting
+    all m (a partition finds each row's k-th score; only the >= k-th are sorted)."""
+    q, m = scores.shape
+    if k >= m:
+        return np.argsort(-scores, axis=1, kind="stable")
+    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1 : k]  # (q, 1) each row's k-th largest
+    keep = scores >= kth  # k per row, more where the k-th score is tied (fewer with NaN)
+    plain = keep.sum(1) == k
+    out = np.empty((q, k), np.int64)
+    if plain.any():
+        pos = np.nonzero(keep[plain])[1].reshape(-1, k)  # ascending positions
+        order = np.argsort(-np.take_along_axis(scores[plain], pos, 1), axis=1, kind="stable")
+        out[plain] = np.take_along_axis(pos, order, 1)
+    for r in np.flatnonzero(~plain):  # ties at the k-th score, or NaN: the full sort of that row
+        out[r] = np.argsort(-scores[r], kind="stable")[:k]
+    return out
 
 
 def row_reader(arrays: list[np.ndarray]):

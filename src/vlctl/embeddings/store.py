@@ -67,6 +67,7 @@ from vlctl.embeddings.search import (
     normalise,
     refine_exact,
     set_search_params,
+    top_positions,
 )
 from vlctl.embeddings.table import (
     ADD_CHUNK,
@@ -289,11 +290,9 @@ class Store:
                 scores = q @ np.asarray(arr[c : c + ADD_CHUNK]).T
                 ids = np.broadcast_to(np.arange(c, c + scores.shape[1]) + self.images_table._offsets[s], scores.shape)
                 best_s, best_i = np.hstack([best_s, scores]), np.hstack([best_i, ids])
-                if best_s.shape[1] > n:
-                    top = np.argsort(-best_s, axis=1, kind="stable")[:, :n]
-                    best_s, best_i = np.take_along_axis(best_s, top, 1), np.take_along_axis(best_i, top, 1)
-        order = np.argsort(-best_s, axis=1, kind="stable")
-        return np.take_along_axis(best_s, order, 1).astype(np.float32), np.take_along_axis(best_i, order, 1)
+                top = top_positions(best_s, n)  # best first: the last pass leaves them sorted
+                best_s, best_i = np.take_along_axis(best_s, top, 1), np.take_along_axis(best_i, top, 1)
+        return best_s.astype(np.float32), best_i
 
     def search(
         self, queries: np.ndarray, k: int = 10, reranker: Reranker | None = None, candidates: int | None = None

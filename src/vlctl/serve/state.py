@@ -92,6 +92,7 @@ class Collection:
         # Text -> its (1, d) embedding: a page sends the same few queries again and again, and the
         # text tower's forward (a MiniLM's six BERT layers) is most of a text search's CPU time.
         self.text_queries = _LRU(TEXT_QUERY_CACHE)
+        self.affines = _LRU(256)  # attribute -> ControlEmbed's (W, b)
         self._emb: np.ndarray | None = None
         self._tevi_reranker = None
         self.check()
@@ -195,7 +196,7 @@ class Collection:
         return self._tevi_reranker
 
     def affine(self, attribute: str):
-        """ControlEmbed's (W, b) for `attribute` (its cache is filled under the lock)."""
+        """ControlEmbed's (W, b) for `attribute`, computed once under the lock."""
         import warnings
 
         from vlctl.methods.controlembed import UntrainedAttributeWarning
@@ -206,9 +207,13 @@ class Collection:
         if attribute not in self.attributes and not self.free_text_attributes:
             raise VlctlError(f"attribute {attribute!r}: this ControlEmbed model knows only {self.attributes} (it was "
                              "fitted on given category embeddings, so free text cannot be embedded)")
-        with self.lock, warnings.catch_warnings():
-            warnings.simplefilter("ignore", UntrainedAttributeWarning)  # the page says "not trained on" itself
-            return self.controlembed.affine(attribute)
+        wb = self.affines.get(attribute)  # read without the lock: a steer never waits for a text forward
+        if wb is None:
+            with self.lock, warnings.catch_warnings():
+                warnings.simplefilter("ignore", UntrainedAttributeWarning)  # the page says "not trained on" itself
+                wb = self.controlembed.affine(attribute)
+            self.affines.put(attribute, wb)
+        return wb
 
 
 @dataclasses.dataclass(eq=False)
