@@ -8,7 +8,8 @@ replacements.
 - `fixed_phrases`: tokens inside a fixed phrase ("on top of", "next to").
 - `noun_phrases`: the noun chunks the tree levels are made of, as token spans.
 - `skip_reason`: why a tree-POS token gets no negative (proper noun, copula, idiom, phrasal verb...).
-- `animate_subject`, `head_is_animate`, `animate_noun`: a person or animal subject or noun?
+- `renderer`: a level's text with one word replaced; `caption_words`: the caption's words and lemmas.
+- from `vlctl.methods.subjects` (and importable here): `animate_subject`, `head_is_animate`, `animate_noun`.
 
 `wn` is a WordNet reader (`vlctl.methods.wordnet.load_wordnet`) or None: without WordNet there are
 no compounds, no PROPN is retagged and every noun counts as animate.
@@ -16,33 +17,51 @@ no compounds, no PROPN is retagged and every noun counts as animate.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+from vlctl.methods import prepositions as prep
 from vlctl.methods import wordnet as wnmod
-from vlctl.methods.negatives import (
+from vlctl.methods.negatives import (  # noqa: F401 (mass_or_plural: its old home)
     _COPULA,
-    ADP_REPLACED,
     COLORS,
     COMPOUNDS,
     FIXED_PHRASES,
-    GROUND_COVER_OBJECTS,
-    NO_CONTRAST_OBJECT_LEXNAMES,
-    NO_NEAR_OBJECTS,
     NON_VISUAL_ADJ,
-    OVERHEAD_OBJECTS,
     PICTURE_NOUNS,
     POSTURE_VERBS,
     QUANTITY_NOUNS,
+    _match_case,
+    article_for,
+    mass_or_plural,
+)
+from vlctl.methods.prepositions import (  # noqa: F401 (ARRANGEMENT_OBJECTS ... VERTICAL_OBJECTS: their old home)
+    ADP_REPLACED,
+    AIR_OBJECTS,
+    ARRANGEMENT_OBJECTS,
+    GROUND_COVER_OBJECTS,
+    LOCATIVE_ADP,
+    NO_CONTRAST_OBJECT_LEXNAMES,
+    NO_NEAR_OBJECTS,
+    ORIENTATION_NOUNS,
+    OVERHEAD_OBJECTS,
+    POSITION_NOUNS,
     RELATION_PHRASES,
+    RIDE_VERBS,
     VERB_ARGUMENT_ADP,
-    inflect_like,
-    pluralize,
-    zipf,
+    VERTICAL_OBJECTS,
+)
+from vlctl.methods.subjects import (  # noqa: F401 (their old home)
+    PEOPLE_GROUPS,
+    animate_noun,
+    animate_subject,
+    group_subject,
+    head_is_animate,
+    is_animate_kind,
+    subject_is_animate,
+    subject_is_thing,
 )
 from vlctl.methods.wordnet import (  # noqa: F401 (old homes)
     described_noun,
-    head_is_animate,
-    is_animate_kind,
     morphological_antonym,
     noun_lexname,
     wn_compound,
@@ -61,6 +80,10 @@ PHRASAL_VERBS = frozenset({("hold", "onto"), ("hang", "onto"), ("hold", "on"), (
                            ("depend", "on"), ("focus", "on"), ("wait", "for"), ("look", "for"), ("reach", "for"),
                            ("cling", "to"), ("hold", "up"), ("stare", "at"), ("gaze", "at"), ("feed", "on"),
                            ("show", "off"), ("feast", "on"), ("graze", "on"), ("live", "on"), ("chew", "on")})
+# Said after the reason of the seventh round's skips (a word with a contrast a reader would not accept in
+# its caption: "near a desert setting", "a light and gloomy day", "a plate lying on a tray"): its level takes a
+# negative of another of its words instead (trees.TreeGenerator._second_candidates), so the count per tree stays.
+SECOND_CANDIDATE = "; the level takes another word's negative instead"
 _OVERRIDE_TAGS = frozenset({"NOUN", "ADJ", "ADP", "VERB", "ADV", "DET", "NUM", "PROPN", "PRON", "CCONJ", "X"})
 
 
@@ -108,6 +131,14 @@ def retag(doc, overrides: Mapping[str, str], wn) -> None:
                 tok.pos_, tok.tag_ = "NOUN", "NNS" if tok.tag_ == "NNPS" else "NN"
     if wn is not None:
         wnmod.fix_misread(doc, wn)
+
+
+def caption_words(doc, wn) -> frozenset[str]:
+    """Every word of the caption, lowercased, and its WordNet base form (cached on the doc)."""
+    if "vlctl_words" not in doc.user_data:
+        doc.user_data["vlctl_words"] = frozenset(w for t in doc if t.is_alpha for w in (
+            t.lower_, wnmod.base_form(wn, t.lower_, "VERB" if t.pos_ == "VERB" else "NOUN")))
+    return doc.user_data["vlctl_words"]
 
 
 def word_units(doc, wn) -> dict[int, tuple[int, int]]:
@@ -218,6 +249,28 @@ def level_pieces(doc, caption: str, lead: int, units, wn=None) -> list[list[tupl
     return levels
 
 
+def renderer(doc, caption: str, lead: int, pieces, p: int, span: tuple[int, int]) -> Callable[[str], str]:
+    """The level text (its `pieces`, joined by " and ") with the word at `span` (in piece p) replaced."""
+    u0, u1 = span
+    s = lead + doc[u0].idx
+    n = lead + doc[u1 - 1].idx + len(doc[u1 - 1].text) - s
+    art = doc[u0 - 1] if u0 > 0 and doc[u0 - 1].lower_ in ("a", "an") else None
+    art_s = lead + art.idx if art is not None and lead + art.idx >= pieces[p][0] else None
+
+    def render(word: str) -> str:
+        parts = [caption[x:y] for x, y in pieces]
+        x0 = pieces[p][0]
+        if art_s is not None:
+            # a/an agreement with the new word ("an old photo" -> "a young photo")
+            new_art = _match_case(article_for(word.lower()), art.text)
+            head = caption[x0:art_s] + new_art + caption[art_s + len(art.text):s]
+        else:
+            head = caption[x0:s]
+        parts[p] = head + word + caption[s + n:pieces[p][1]]
+        return " and ".join(parts)
+    return render
+
+
 def relation_phrase(doc, tok, fixed: dict[int, str], units, wn) -> tuple[int, int, str] | None:
     """(start, end, kind) when `tok` ends ("of", "to") a relation phrase replaced whole (negatives.
     RELATION_PHRASES: "in front of") whose object allows a false contrast; kind picks the contrast."""
@@ -311,11 +364,22 @@ def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int
         if objs and (objs[0].lower_ in GROUND_COVER_OBJECTS
                      or noun_lexname(wn, objs[0]) in NO_CONTRAST_OBJECT_LEXNAMES):
             return f"no false contrast for {tok.text + ' ' + objs[0].text!r} (ground, weather or body part)"
+        if wn is not None and adp_kind(wn, tok) == prep.NO_IN_CONTRAST:  # seventh round: "near a desert setting"
+            return f"no contrast for {tok.text + ' ' + objs[0].text!r} (a region, water or unknown)" + SECOND_CANDIDATE
     if tok.pos_ == "ADJ" and lower not in RELATIONAL_NOUNS and any(c.lower_ == "of" for c in tok.children):
         # "boxes full of chicks" -> "empty of chicks": the complement belongs to the adjective
         return "adjective with a complement"
     if tok.pos_ == "ADJ" and lower in NON_VISUAL_ADJ:
         return "determiner-like adjective"
+    # "a dark and gloomy day" -> "a light and gloomy day" contradicts itself (seventh round): no swap of an
+    # adjective joined ("and", ",") to another WordNet adjective; a colour of the pair may change ("a red and
+    # shiny car" -> "a blue and shiny car"), and so may one beside a determiner ("clean and ready")
+    pair = [c for c in [*(c for c in tok.children if c.dep_ == "conj"), *([tok.head] if tok.dep_ == "conj" else [])]
+            if c.pos_ == "ADJ" and all(t.pos_ in ("CCONJ", "PUNCT") for t in doc[min(c.i, tok.i) + 1:max(c.i, tok.i)])
+            and c.lower_ not in COLORS | NON_VISUAL_ADJ and wnmod.knows(wn, c.lower_, "ADJ")] if (
+        tok.pos_ == "ADJ" and lower not in COLORS) else []
+    if pair:
+        return f"adjective coordinated with {pair[0].text!r}" + SECOND_CANDIDATE
     nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
     if (tok.pos_ == "ADJ" and nxt is not None and nxt.dep_ == "compound" and nxt.pos_ == "NOUN" and nxt.i not in units
             and nxt.head.i > nxt.i and nxt.head.pos_ != "ADP" and nxt.head.lower_ not in RELATIONAL_NOUNS):
@@ -346,6 +410,21 @@ def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int
             return "infinitive (no subject to contrast)"
         if wn is not None and _verb_lemma(lower) in POSTURE_VERBS and subject_is_thing(wn, tok):
             return "posture verb of a thing (sits = stands = is there)"
+        # (seventh round: only a subject known to be alive changes posture, "a plate of food lying on a tray")
+        if wn is not None and _verb_lemma(lower) in POSTURE_VERBS and not subject_is_animate(wn, tok):
+            return "posture verb of no known person or animal" + SECOND_CANDIDATE
+        # "flying through the air" -> "walking through the air", "riding a snowboard while flying through
+        # the air" -> "pushing"; "standing in line" -> "lying in line", "waiting in line" -> "sleeping"
+        linked = [tok, *(c for c in tok.children if c.dep_ in ("advcl", "conj", "xcomp") and c.pos_ == "VERB")]
+        if tok.dep_ in ("advcl", "conj", "xcomp") and tok.head.pos_ == "VERB":
+            linked.append(tok.head)
+        if any(o.lower_ in AIR_OBJECTS and o.head.lower_ in ("in", "into", "through", "across") for v in linked
+               for o in _place_objects(v, units)):  # (not "a giraffe standing against the sky")
+            return "verb done in the air"  # (no second candidate: "a truck flying in the sky" is as absurd)
+        if any(o.head.lower_ in ("in", "into") and o.i not in fixed and (o.lower_ in ARRANGEMENT_OBJECTS or (
+                o.lower_ in IDIOM_OBJECTS and not any(c.dep_ in ("det", "poss") for c in o.children)))
+               for o in _place_objects(tok, units)):  # (not "in front of", "left of a circle")
+            return "verb of an idiom or arrangement ('in line')" + SECOND_CANDIDATE
     if tok.pos_ == "NOUN" and lower in QUANTITY_NOUNS and any(c.lower_ == "of" for c in tok.children):
         return "head of a quantity phrase"
     if tok.pos_ == "NOUN" and tok.dep_ == "pobj" and tok.head.lower_ == "of" and tok.head.head.lower_ in (
@@ -370,7 +449,7 @@ def _adp_object_reason(wn, tok, obj, lemma: str | None = None) -> str | None:
     verb = _verb_lemma(head.lower_) if head.pos_ == "VERB" else None
     if lower == "on" and o in VERTICAL_OBJECTS and verb not in SUPPORT_VERBS:  # "a crucifix on the wall" is near
         return f"vertical surface {tok.text + ' ' + obj.text!r}"  # (not "birds sitting on a wall")
-    if lower == "on" and verb in RIDE_VERBS and wn is not None and wnmod.object_kind(wn, wnmod.base_form(
+    if lower == "on" and verb in RIDE_VERBS and wn is not None and prep.object_kind(wn, wnmod.base_form(
             wn, o, "NOUN")) != "place" and (o.endswith(("board", "boards")) or any(c.dep_ == "dobj" for c in head.children)):
         return f"what {head.text!r} is done on"  # "riding waves on a surfboard" -> "beside a surfboard"
     if lower == "near" and noun_lexname(wn, head) == "noun.body":  # "a giraffe's neck near branches" -> "on"
@@ -380,6 +459,8 @@ def _adp_object_reason(wn, tok, obj, lemma: str | None = None) -> str | None:
     base = lemma or wnmod.base_form(wn, o, "NOUN")
     noun = obj.pos_ in ("NOUN", "PROPN")
     lex = wnmod.first_lexname(wn, base) if noun else None
+    if lower == "in" and o in COLORS:  # "a man in orange" -> "beside orange": the colour of clothes
+        return f"colour of clothes {tok.text + ' ' + obj.text!r}" + SECOND_CANDIDATE
     if lower in ("in", "into") and (o in ARRANGEMENT_OBJECTS or lex == "noun.group"):
         return f"arrangement {tok.text + ' ' + obj.text!r}"  # "walking in a single file line", "in a crowd"
     # "in a baseball game" -> "near a baseball game" (a colour is a thing's: "above a small purple [cube]")
@@ -397,13 +478,23 @@ def _adp_object_reason(wn, tok, obj, lemma: str | None = None) -> str | None:
     return None
 
 
+def _place_objects(verb, units) -> list:
+    """The objects of a verb's prepositions ("flying through the air" -> air; a word unit's head)."""
+    objs = [o for p in verb.children if p.dep_ == "prep" for o in p.children if o.dep_ == "pobj"]
+    return [verb.doc[units[o.i][1] - 1] if o.i in units else o for o in objs]
+
+
 def adp_kind(wn, tok) -> str:
-    """The preposition's object kind that picks its contrast (negatives.ADP_CONTRASTS): `wordnet.
-    object_kind`'s, "overhead" (under an umbrella), "support" (on what a verb or a person rests on:
-    "sitting on a bench", "a person on a skateboard") or "animate" (a person or animal)."""
+    """The preposition's object kind that picks its contrast (prepositions.ADP_CONTRASTS): `prepositions.
+    object_kind`'s (`in_kind`'s for "in"), "overhead" (under an umbrella), "support" (on what a verb or a
+    person rests on: "sitting on a bench", "a person on a skateboard") or "animate" (a person or animal)."""
     lower = tok.lower_
     objs = [c for c in tok.children if c.dep_ == "pobj"]
-    kind = wnmod.object_kind(wn, wnmod.base_form(wn, objs[0].lower_, "NOUN")) if objs and wn else "thing"
+    if objs and wn is not None:  # ("in" reads a plural that is a lemma of its own as itself: "in the woods")
+        kind = prep.in_kind(wn, objs[0].lower_) if lower == "in" else prep.object_kind(wn, wnmod.base_form(
+            wn, objs[0].lower_, "NOUN"))
+    else:
+        kind = "thing"
     if lower == "under" and objs and objs[0].lower_ in OVERHEAD_OBJECTS:
         kind = "overhead"
     head = tok.head
@@ -412,88 +503,6 @@ def adp_kind(wn, tok) -> str:
             subj and subj[0].pos_ == "NOUN" and wn is not None and animate_noun(wn, subj[0], people_only=True))):
         return "support"  # (a person is not under the skateboard he is on)
     return "animate" if objs and kind == "thing" and is_animate_kind(wn, objs[0]) else kind
-
-
-def animate_subject(wn, verb, people_only: bool = False) -> bool:
-    """Whether the verb's subject (nsubj, or the noun an acl/relcl verb modifies) is a person
-    or an animal (only a person with people_only), or a personal pronoun; True when unknown."""
-    # (a relative pronoun's antecedent: "a man that has bananas" -> the man)
-    subj = [c for c in verb.children if c.dep_ in ("nsubj", "nsubjpass") and not _relative(verb, c)]
-    noun = subj[0] if subj else verb.head if verb.dep_ in ("acl", "relcl", "advcl") else None
-    return True if noun is None else animate_noun(wn, noun, people_only)
-
-
-def group_subject(wn, verb) -> bool:
-    """The verb's subject (as in `animate_subject`) is a group ("people", "a crowd", "a group of")."""
-    subj = [c for c in verb.children if c.dep_ in ("nsubj", "nsubjpass")]
-    noun = subj[0] if subj else verb.head if verb.dep_ in ("acl", "relcl", "advcl") else None
-    if wn is None or noun is None or noun.pos_ not in ("NOUN", "PROPN"):
-        return False
-    base = wnmod.base_form(wn, noun.lower_, "NOUN")
-    return base in QUANTITY_NOUNS or wnmod.first_lexname(wn, base) == "noun.group"
-
-
-_THING_LEXNAMES = frozenset({"noun.artifact", "noun.object", "noun.food", "noun.plant", "noun.substance",
-                             "noun.location"})
-
-
-def subject_is_thing(wn, verb) -> bool:
-    """The verb's subject (as in `animate_subject`) is known to be a thing: an artifact, food,
-    plant, substance, place or natural object ("a truck sits"), not a person, animal or group."""
-    noun = verb
-    for _ in range(3):  # through the verbs it hangs on: "a plate topped with food sitting" -> plate
-        subj = [c for c in noun.children if c.dep_ in ("nsubj", "nsubjpass") and not _relative(noun, c)]
-        noun = subj[0] if subj else noun.head if noun.dep_ in ("acl", "relcl", "advcl") else None
-        if noun is None or noun.pos_ != "VERB":
-            break
-    words = (noun.doc[noun.i - 1].lower_, wnmod.base_form(wn, noun.lower_, "NOUN")) if noun and noun.i else ()
-    if words and wnmod.is_compound(wn, words):  # "a hot dog sitting": the compound's kind (food), not a dog's
-        return any(x.lexname() in _THING_LEXNAMES for x in wn.synsets("_".join(words), "n")[:2])  # (hotdog.n.01: a person)
-    # "slices of pizza sitting": the thing is the quantity's object
-    quantity = noun is not None and wnmod.base_form(wn, noun.lower_, "NOUN") in QUANTITY_NOUNS
-    of = [c for c in noun.children if c.lower_ == "of"] if quantity else []
-    objs = [c for c in of[0].children if c.dep_ == "pobj"] if of else []
-    noun = objs[0] if objs else noun
-    return noun is not None and noun_lexname(wn, noun) in _THING_LEXNAMES
-
-
-def mass_or_plural(wn, word: str, quantity: str = "pile") -> str:
-    """`word` after "a <quantity> of": singular after "piece"/"slice", else itself if a mass noun (a WordNet
-    substance, or a plural much rarer than the singular: "cheeses"), else its plural."""
-    if quantity in ("piece", "slice"):
-        return inflect_like(word, "NN", "NOUN") or word
-    plural = inflect_like(word, "NNS", "NOUN") or pluralize(word)
-    if plural == word or " " in word:
-        return word
-    sense = wnmod.most_frequent_sense(wn, word, "NOUN") if wn is not None else None
-    if (sense is not None and sense.lexname() == "noun.substance") or zipf(plural) < zipf(word) - 1.0:
-        return word
-    return plural
-
-
-def animate_noun(wn, noun, people_only: bool = False) -> bool:
-    """Whether a noun is a person or an animal (only a person with people_only) by its most
-    frequent WordNet sense, a pronoun a personal one; True when unknown."""
-    if wn is None:
-        return True
-    if noun.pos_ == "PRON":
-        return noun.lower_ in ("he", "she", "they", "i", "we", "you", "who", "someone", "somebody", "everyone")
-    if noun.pos_ not in ("NOUN", "PROPN"):
-        return True
-    base = wnmod.base_form(wn, noun.lower_, "NOUN")
-    sense = wnmod.most_frequent_sense(wn, base, "NOUN")
-    kinds = ("noun.person",) if people_only else ("noun.person", "noun.animal")
-    # "person" and "animal" themselves are in noun.Tops; "people", "a couple", "a crowd" are groups of people
-    tops = ("person.n.01", *PEOPLE_GROUPS) if people_only else ("person.n.01", "animal.n.01", *PEOPLE_GROUPS)
-    objs = [o for c in noun.children if c.lower_ == "of" for o in c.children if o.dep_ == "pobj"]
-    if objs and (base in QUANTITY_NOUNS or (sense is not None and sense.lexname() in ("noun.group", "noun.Tops"))):
-        return animate_noun(wn, objs[0], people_only)  # "a group of people", "a herd of cows": the members
-    return sense is None or sense.lexname() in kinds or sense.name() in tops
-
-
-def _relative(verb, subj) -> bool:
-    """A relative clause's pronoun subject ("a man that has"): the clause's noun is the subject."""
-    return verb.dep_ == "relcl" and subj.tag_ in ("WDT", "WP")
 
 
 def lack_fits(wn, verb, word: str) -> bool:
@@ -510,28 +519,13 @@ def _compound_whole(noun) -> tuple[str, ...]:
 
 # --- what a noun's modifiers allow (issue 21) ----------------------------------------------------
 
-# Preposition objects one is in, with no false contrast: arrangements ("in a line", "in a circle").
-ARRANGEMENT_OBJECTS = frozenset({"line", "lines", "row", "rows", "circle", "circles", "file", "formation",
-                                 "pile", "piles", "stack", "stacks", "heap", "cluster", "queue", "column", "columns"})
-PEOPLE_GROUPS = ("people.n.01", "couple.n.01", "crowd.n.01", "team.n.01", "family.n.01", "audience.n.01")
 # Nouns of a relation ("left of", "right of"): "X right of Y" is a relation, not one phrase.
 RELATIONAL_NOUNS = frozenset({"left", "right", "front", "back", "top", "bottom", "side", "middle"})
-# Directions and surfaces one hangs on (fifth round): "in the opposite direction" -> "near the opposite
-# direction"; "a crucifix on the wall" -> "near the wall" stays true; verbs done on a board or vehicle.
-ORIENTATION_NOUNS = frozenset({"direction", "directions", "angle", "distance", "horizon", "way"})
-VERTICAL_OBJECTS = frozenset({"wall", "walls", "fence", "fences", "door", "doors", "window", "windows", "pole",
-                              "poles", "post", "fridge", "refrigerator", "screen", "building", "billboard"})
-RIDE_VERBS = frozenset({"ride", "surf", "skate", "skateboard", "ski", "snowboard", "sail", "paddle", "balance"})
-# Bare position nouns ("in front of", "on top of"), not phrases of their own.
-POSITION_NOUNS = frozenset({"front", "top", "side", "middle", "back", "bottom", "edge", "corner", "end", "center"})
 # Verbs of resting on a support: "sitting on a bench" -> "beside a bench", never "under a bench".
 SUPPORT_VERBS = POSTURE_VERBS | {"perch", "lean", "sleep", "ride", "kneel", "crouch", "squat", "balance", "lounge",
                                  "nap", "relax", "lay", "climb", "jump", "skate", "walk", "run", "land"}
 # Verbs of rest, and the prepositions of a place they take ("sleeping on a bed", not "from a tree").
 RESTING_VERBS = frozenset({"sleep", "sit", "stand", "lie", "rest"})
-LOCATIVE_ADP = frozenset({"in", "on", "at", "near", "under", "by", "beside", "behind", "inside", "outside", "next",
-                          "underneath", "beneath", "above", "below", "among", "between", "atop", "upon", "against",
-                          "around", "along"})
 # Adjectives that fit any noun of a kind ("a big red dog" -> "a big red cat"); every other modifier
 # ("tusked", "shallow", "grassy", "grilled", a participle) belongs to its noun, and the noun is
 # then not replaced ("a tusked giraffe", "a shallow street", "a grilled pasta"): the modifier is.

@@ -36,6 +36,16 @@ from typing import Any
 
 from vlctl.io import VlctlError
 from vlctl.methods import wordnet as wnmod
+from vlctl.methods.prepositions import (  # noqa: F401 (the preposition tables' old home)
+    ADP_CONTRASTS,
+    ADP_REPLACED,
+    GROUND_COVER_OBJECTS,
+    NO_CONTRAST_OBJECT_LEXNAMES,
+    NO_NEAR_OBJECTS,
+    OVERHEAD_OBJECTS,
+    RELATION_PHRASES,
+    VERB_ARGUMENT_ADP,
+)
 
 MAX_WORDS = 200
 MAX_CHARS = 2000
@@ -246,52 +256,6 @@ def _pos_tables() -> dict[str, dict[str, tuple[str, ...]]]:
 
 POS_TABLES = _pos_tables()
 
-# Prepositions: a contrast that keeps the sentence grammatical and makes it false. The object's
-# kind decides ("on a table" -> "under a table", but "on the beach" -> "near the beach").
-# key: (preposition, object kind) with kind "thing" (an artifact, food, animal, person, plant),
-# "garment" (clothing) or "place" (anything else); "*" for any kind.
-ADP_CONTRASTS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("on", "thing"): ("under", "beside"), ("on", "place"): ("near",), ("on", "garment"): ("under",),
-    ("at", "place"): ("near",),  # "people at the beach" -> "near the beach" (a thing's "at a table": none)
-    ("in", "thing"): ("beside", "outside"), ("in", "place"): ("near",), ("in", "garment"): ("without",),
-    ("near", "thing"): ("on",), ("near", "place"): ("in",), ("near", "garment"): ("on",),
-    ("under", "*"): ("on", "beside"), ("under", "overhead"): ("beside",), ("underneath", "*"): ("above",),
-    ("beneath", "*"): ("above",),
-    # what one sits, stands or lies on ("a man sitting on a bench" -> "under a bench" is absurd)
-    ("on", "support"): ("beside",), ("on", "animate"): ("beside",), ("near", "animate"): ("behind",),
-    ("by", "animate"): ("behind",),
-    # "a dog by a car" -> "behind a car" (a thing; "by the ocean" has no one-word contrast)
-    ("by", "thing"): ("behind",),
-    ("above", "*"): ("below",), ("below", "*"): ("above",), ("over", "*"): ("under",),
-    ("behind", "*"): ("beside",), ("beside", "*"): ("behind",),
-    ("inside", "*"): ("outside",), ("outside", "*"): ("inside",), ("within", "*"): ("outside",),
-    ("with", "*"): ("without",), ("without", "*"): ("with",),
-    ("onto", "*"): ("off",), ("off", "*"): ("onto",), ("before", "*"): ("after",), ("after", "*"): ("before",),
-    # (no up/down, across/along: "riding down the street" -> "up the street" is not false in a photo)
-}
-# Relation phrases replaced whole (fourth round) by one that differs in one word (a negative changes one
-# word): "in front of a bus" -> "in back of a bus", "inside of a box" -> "outside of a box".
-RELATION_PHRASES = {"in front of": {"*": ("in back of",)}, "inside of": {"*": ("outside of",)},
-                    "at the top of": {"*": ("at the bottom of",)}, "at the bottom of": {"*": ("at the top of",)},
-                    "on the back of": {"*": ("on the front of",)}, "on the front of": {"*": ("on the back of",)},
-                    "in the back of": {"*": ("in the front of",)}, "in the front of": {"*": ("in the back of",)},
-                    "in the middle of": {"*": ("in the corner of",), "road": ()},  # (a road has no corner)
-                    "in the corner of": {"*": ("in the middle of",)}, "to the left of": {"*": ("to the right of",)},
-                    "to the right of": {"*": ("to the left of",)}}
-ADP_REPLACED = frozenset(p for p, _ in ADP_CONTRASTS)
-# Verb + preposition of what the verb acts on, not a place: "engaging in a sport", "talking on a phone".
-_ARGUMENT_IN = ("engage", "participate", "dress", "wrap", "coat", "dip", "soak", "involve", "interest", "clad", "cut",
-                "break", "slice", "arrange", "decorate", "bundle", "cover", "fill", "write", "paint",
-                "print", "lean")
-_ARGUMENT_ON = ("put", "place", "set", "pull", "grind", "spread", "pour", "sprinkle", "drizzle", "write", "draw",
-                "paint", "print", "press", "tap", "knock", "type", "talk", "chat", "work", "try",
-                "pin", "stick", "post", "display", "feature", "depict", "show", "spray", "smear",
-                "splash", "rub", "pile", "stack", "load", "hang")
-_ARGUMENT_AT = ("look", "stare", "gaze", "glance", "point", "smile", "laugh", "aim", "wave", "bark", "throw", "swing",
-                "shout", "yell", "peer", "peek", "work", "arrive", "stop", "play", "sit", "eat", "lick", "bite", "peck",
-                "grab", "paw", "nibble")
-VERB_ARGUMENT_ADP = frozenset({*((v, "in") for v in _ARGUMENT_IN), *((v, "on") for v in _ARGUMENT_ON),
-                               *((v, "at") for v in _ARGUMENT_AT)})
 # Fixed phrases whose words are never replaced one at a time ("on top of", "next to", "in front of").
 FIXED_PHRASES = (("on", "top", "of"), ("next", "to"), ("in", "front", "of"), ("close", "to"), ("front", "of"),
                  ("in", "order", "to"), ("a", "couple", "of"), ("a", "lot", "of"), ("a", "group", "of"),
@@ -407,6 +371,59 @@ def inflect_like(word: str, tag: str, upos: str) -> str | None:
     return got[0] if got else None
 
 
+def inflect_all(words, tag: str, pos: str, domain: bool = False) -> tuple[str, ...]:
+    """Replacement words (base forms) put into the form of the word they replace (`inflect_like`: a
+    plural noun, a verb's -ing/-s/-ed, a comparative); a word lemminflect cannot inflect is dropped,
+    or for a domain table's word inflected by the simple rules (`pluralize`, `inflect_verb`)."""
+    out = []
+    for w in words:
+        if (pos == "NOUN" and tag == "NNS") or (pos == "VERB" and tag in ("VBG", "VBZ", "VBD", "VBN")) \
+                or (pos == "ADJ" and tag in ("JJR", "JJS")):
+            got = inflect_like(w, tag, "VERB" if pos == "VERB" else pos)
+            if got is None and domain:
+                got = pluralize(w) if pos == "NOUN" else inflect_verb(w, tag) if pos == "VERB" else w
+            if got is None:
+                continue
+            w = got
+        out.append(w)
+    return tuple(out)
+
+
+_PHRASE = re.compile(r"^[a-z]+( [a-z]+)?$")  # a replacement: one or two lowercase words
+
+
+def keep_candidates(wn, words, lower: str, base: str, pos: str, min_zipf: float, domain: bool = False) -> tuple[str, ...]:
+    """The replacement words a negative may use for `lower` (base form `base`): one or two plain words,
+    not the word itself nor an EXCLUDED_PAIRS partner; but for a domain table's words (taken as they
+    are) also not related in WordNet (`wordnet.is_related`) nor rarer than Zipf `min_zipf`."""
+    out = []
+    for w in words:
+        if w in (lower, base) or not _PHRASE.match(w) or (base, w) in EXCLUDED_PAIRS:
+            continue
+        if not domain:
+            if wn is not None and pos in wnmod.WN_POS and (
+                    wnmod.is_related(wn, base, w, pos) or wnmod.is_related(wn, lower, w, pos)):
+                continue
+            if zipf(w) < min_zipf:
+                continue
+        out.append(w)
+    return tuple(dict.fromkeys(out))
+
+
+def mass_or_plural(wn, word: str, quantity: str = "pile") -> str:
+    """`word` after "a <quantity> of": singular after "piece"/"slice", else itself if a mass noun (a WordNet
+    substance, or a plural much rarer than the singular: "cheeses"), else its plural."""
+    if quantity in ("piece", "slice"):
+        return inflect_like(word, "NN", "NOUN") or word
+    plural = inflect_like(word, "NNS", "NOUN") or pluralize(word)
+    if plural == word or " " in word:
+        return word
+    sense = wnmod.most_frequent_sense(wn, word, "NOUN") if wn is not None else None
+    if (sense is not None and sense.lexname() == "noun.substance") or zipf(plural) < zipf(word) - 1.0:
+        return word
+    return plural
+
+
 @functools.lru_cache(maxsize=100_000)
 def article_for(word: str) -> str:
     """"a" or "an" before `word` (inflect's rules: "an old", "a young", "an hour", "a unicorn")."""
@@ -443,23 +460,6 @@ ANIMATE_ADJ = frozenset({"young", "happy", "sad", "asleep", "awake", "male", "fe
 INANIMATE_ADJ = frozenset({"new", "wooden", "metal", "plastic", "stone", "brick", "paper", "leather", "open",
                            "closed", "full", "empty", "round", "square"})
 
-# Objects a thing is trivially "near" when it is on or in them ("on the ground" -> "near the
-# ground" stays true): no near/in swap for these.
-NO_NEAR_OBJECTS = frozenset({"ground", "floor", "corner", "sky", "air", "side", "edge", "surface", "street",
-                             "sidewalk", "road", "top", "bottom", "middle", "background", "foreground", "distance"})
-# Preposition objects with no false contrast a reader accepts (issue 21): ground cover and weather
-# one is in or on ("skiing in the snow" -> "near the snow", "in the sands" -> "near the sands"),
-# besides WordNet's weather/phenomenon nouns and body parts ("in his hand" -> "outside his hand");
-# pronoun objects ("on it" -> "under it") are skipped too (caption_parse.skip_reason).
-GROUND_COVER_OBJECTS = frozenset({"snow", "sand", "sands", "dirt", "mud", "grass", "gravel", "ice", "rain", "sun",
-                                  "sunshine", "sunlight", "shade", "shadow", "shadows", "wind", "fog", "mist", "dark",
-                                  "darkness", "light", "hay", "dust", "smoke", "weather", "sunset", "daylight"})
-NO_CONTRAST_OBJECT_LEXNAMES = frozenset({"noun.body", "noun.phenomenon"})
-# Objects one is "under" from below (shelter): "under a pink umbrella" -> "on a pink umbrella" is
-# absurd, so only "beside" (ADP_CONTRASTS kind "overhead").
-OVERHEAD_OBJECTS = frozenset({"umbrella", "umbrellas", "tree", "trees", "bridge", "awning", "canopy", "tent", "roof",
-                              "sky", "clouds", "cloud", "parasol", "overpass", "ceiling", "arch", "archway",
-                              "shelter", "kite", "kites"})
 # Posture verbs mean "is located" for a thing ("a truck sits / stands in front of a tree line"):
 # no posture contrast for an inanimate subject.
 POSTURE_VERBS = frozenset({"stand", "sit", "lie", "lay", "rest"})

@@ -16,16 +16,16 @@ one it is [NP1, caption]. (The paper's worked example lists 4 levels for its cap
 
 Negatives: at each level, one negative per NOUN / ADJ / ADP / VERB token of the level's
 positive text that no earlier level contained (so what a coarse level taught flows down
-unchanged). A negative changes exactly that one token and keeps every other character; it
+unchanged); a token skipped for a reader's reason (`caption_parse.SECOND_CANDIDATE`) is made up by another
+word's candidate. A negative changes exactly one token and keeps every other character; it
 never equals any positive of the tree. The replacement word comes from the stages of
 `vlctl.methods.negatives` (curated table, WordNet antonyms and co-hyponyms, an optional masked
 LM, the closed class); with a `vocabulary`, only words in it are used. Captions are checked
 with `vlctl.methods.negatives.check_caption`.
 
-What the parse says about each token (compounds, fixed phrases, why a token gets no negative,
-animacy) is `vlctl.methods.caption_parse`; the JSONL tree cache is `vlctl.methods.tree_cache`
-(`TreeCache`). 3VL's Anchor text is `vlctl.methods.anchor` (`anchor_text`, `anchor_diff`). All are
-importable from here too.
+What the parse says about each token (compounds, fixed phrases, why a token gets no negative) is
+`vlctl.methods.caption_parse`, with `prepositions` (their contrasts by object kind) and `subjects`
+(animacy); the tree cache is `tree_cache.TreeCache`, 3VL's Anchor `anchor` (all importable from here).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import functools
 import hashlib
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -94,8 +93,10 @@ from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_ha
     caption_hash,
     check_caption,
     get_nlp,
+    inflect_all,
     inflect_like,
     inflect_verb,
+    keep_candidates,
     normalize_caption,
     pluralize,
     pos_table,
@@ -103,7 +104,11 @@ from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_ha
 )
 from vlctl.methods.tree_cache import TreeCache
 
-GENERATOR_VERSION = "3vl-trees-7"
+# 3vl-trees-8, issue 21's seventh round: "in" by its object's kind (outside a room or building, beside furniture,
+# without heels, none in a region or with a word WordNet lacks), visual antonyms only, no replacement that is a word
+# of the caption, posture swaps only of a known person or animal, no verb swap in the air or "in line", no swap of
+# one of two joined adjectives; a word skipped for such a reason leaves its level another word's candidate.
+GENERATOR_VERSION = "3vl-trees-8"
 TREE_POS = ("NOUN", "ADJ", "ADP", "VERB")
 
 
@@ -204,7 +209,8 @@ class TreeGenerator:
             "spacy": _nlp_id(),
             # every rule and table of the generator (a table added later is covered without a new entry here)
             "sources": hashlib.sha256(b"".join(Path(sys.modules[m].__file__).read_bytes() for m in (
-                __name__, parse.__name__, wnmod.__name__, "vlctl.methods.negatives"))).hexdigest()[:16],
+                __name__, parse.__name__, wnmod.__name__, "vlctl.methods.negatives", "vlctl.methods.prepositions",
+                "vlctl.methods.subjects"))).hexdigest()[:16],
         }
         self.fingerprint_ = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
         self.cache_ = TreeCache(self.cache_path) if self.cache_path is not None else None
@@ -229,34 +235,8 @@ class TreeGenerator:
             return hit
         wn = self.wn_
 
-        def form(words: Iterable[str], domain: bool = False) -> tuple[str, ...]:
-            out = []
-            for w in words:
-                if (pos == "NOUN" and tag == "NNS") or (pos == "VERB" and tag in ("VBG", "VBZ", "VBD", "VBN")) \
-                        or (pos == "ADJ" and tag in ("JJR", "JJS")):
-                    got = inflect_like(w, tag, "VERB" if pos == "VERB" else pos)
-                    if got is None and domain:
-                        got = pluralize(w) if pos == "NOUN" else inflect_verb(w, tag) if pos == "VERB" else w
-                    if got is None:
-                        continue
-                    w = got
-                out.append(w)
-            return tuple(out)
-
-        def keep(words: Iterable[str], domain: bool = False) -> tuple[str, ...]:
-            out = []
-            for w in words:
-                if w in (lower, base) or not _PHRASE.match(w) or (base, w) in EXCLUDED_PAIRS:
-                    continue
-                if not domain:
-                    if wn is not None and pos in wnmod.WN_POS and (
-                            wnmod.is_related(wn, base, w, pos) or wnmod.is_related(wn, lower, w, pos)):
-                        continue
-                    if zipf(w) < self.min_zipf:
-                        continue
-                out.append(w)
-            return tuple(dict.fromkeys(out))
-
+        form = functools.partial(inflect_all, tag=tag, pos=pos)  # form(words, domain=False)
+        keep = functools.partial(keep_candidates, wn, lower=lower, base=base, pos=pos, min_zipf=self.min_zipf)
         out: list[tuple[str, tuple[str, ...]]] = []
         if lower in self.domain_:
             out.append(("table", keep(self.domain_[lower], domain=True)))
@@ -283,8 +263,12 @@ class TreeGenerator:
                 out.append(("table", keep(form(table[base]))))
         if wn is not None and pos in ("NOUN", "ADJ", "VERB") and (pos != "VERB" or animate and tag != "VBN"):
             # (a thing's verb antonym is absurd, "a tree gathering its pollen"; a participle's too, "snow emptied")
-            ants = (w for w in wnmod.mfs_antonyms(wn, base, pos) if not parse.morphological_antonym(base, w))
-            out.append(("antonym", keep(form(ants))))
+            # seventh round: visual contrasts only ("a tasty looking cake" -> "a tasteless looking cake" is not);
+            # the others are never used, they only tell _replace that the word owes its level a negative
+            ants = [w for w in wnmod.mfs_antonyms(wn, base, pos) if not parse.morphological_antonym(base, w)]
+            visual = wnmod.visual_antonyms(wn, base, pos)
+            out.append(("antonym", keep(form(w for w in ants if w in visual))))
+            out.append(("not_visual", keep(form(w for w in ants if w not in visual))))
             if pos == "NOUN" and self.co_hyponyms:
                 sisters = keep(form(n.replace("_", " ") for n in wnmod.mfs_co_hyponyms(wn, base, pos)))
                 # WordNet sisters are the noisiest source: only everyday words (Zipf >= 3.5)
@@ -335,12 +319,13 @@ class TreeGenerator:
             opening = wn is None or lex == "noun.artifact"  # "an open door", never "a closed field"
         h = _hash_int(seed, caption, i)
         n_seen = 0
-        # a word the level already has makes a muddled negative ("a stove and stove"); a domain
-        # table's words are the domain's (scenes swap "blue" for the "yellow" of another object)
-        # ... and so does a noun of the rest of the caption ("a sign" -> "a clock" of "a sign below
-        # a wall clock" stays true), in any inflection (an adjective of another object is a binding
-        # negative: "a large red cube" -> "a small red cube" of "... left of a small blue cube")
-        seen = set(_ALNUM.findall(render(doc[a:b].text).lower())) | (self._caption_words(doc) if pos == "NOUN" else set())
+        # a word the level has makes a muddled negative ("a stove and stove"; a domain table's words are the
+        # domain's), a noun of the caption one that stays true ("a sign" -> "a clock" of "... a wall clock"), in any
+        # inflection, and in open captions (`cw`, seventh round) any word but a preposition ("One black cow and two
+        # brown cows" -> "One brown cow"; a closed domain's "a small red cube" of "... a small blue cube" binds)
+        seen = set(_ALNUM.findall(render(doc[a:b].text).lower())) | (parse.caption_words(doc, wn) if pos == "NOUN" else set())
+        cw = parse.caption_words(doc, wn) if pos not in ("NOUN", "ADP") and self.vocab_ is None else frozenset()
+        owes = False  # a word left with no candidate by the seventh round's reading rules owes its level another's
         domain = lower in self.domain_ or base in self.domain_
         fit = None  # the noun's modifiers must still fit the new noun ("the blue bird" -> "the blue elephant")
         if pos == "NOUN" and wn is not None:
@@ -378,10 +363,14 @@ class TreeGenerator:
                     and (pos != "VERB" or parse.lack_fits(wn, tok, w) or _verb_lemma(w) != "lack" and not (not person and (
                         _verb_lemma(w) in ("jump", "point") or transitive and (stage != "table" or not animate))))
                     and not (animate_obj and _verb_lemma(w) not in ("watch", "feed", "pet")))  # "dropping young girls"
+                kept = tuple(w for w in words if w not in cw and bases[w] not in cw)
+                owes, words = owes or len(kept) < len(words) or stage == "not_visual" and bool(kept), kept
                 if counted:
                     words = tuple(inflect_like(w, "NNS", "NOUN") or pluralize(w) for w in words)
                 if mass:  # "a pile of carrots", not "a pile of carrot"; "a piece of fruit" -> "of cheese"
                     words = tuple(parse.mass_or_plural(wn, w, mass) for w in words)
+            if stage == "not_visual":
+                continue  # (only for `owes`)
             if stage == "mlm":
                 if self.mlm is None:
                     continue
@@ -396,14 +385,11 @@ class TreeGenerator:
                 text = render(_match_case(word, doc[a].text))
                 if text not in positives:
                     return text, word, stage
-        return "every candidate is a positive" if n_seen else "no candidate (after the frequency and WordNet filters)"
-
-    def _caption_words(self, doc) -> frozenset[str]:
-        """Every word of the caption, lowercased, and its WordNet base form (cached on the doc)."""
-        if "vlctl_words" not in doc.user_data:
-            doc.user_data["vlctl_words"] = frozenset(w for t in doc if t.is_alpha for w in (
-                t.lower_, wnmod.base_form(self.wn_, t.lower_, "VERB" if t.pos_ == "VERB" else "NOUN")))
-        return doc.user_data["vlctl_words"]
+        if n_seen:
+            return "every candidate is a positive"
+        if owes:
+            return "no candidate (a word of the caption or a non-visual antonym)" + parse.SECOND_CANDIDATE
+        return "no candidate (after the frequency and WordNet filters)"
 
     # -- trees --
 
@@ -422,11 +408,13 @@ class TreeGenerator:
         texts = [texts[k] for k in keep]
         positives = set(texts)
         done: set[int] = set()
+        used: dict[int, tuple] = {}  # every replaced word: (span, relation, name, POS, level)
         tree = []
         wanted = set(self.pos_) | {"PROPN"}
         for pieces, text in zip(pieces_per_level, texts):
             level = {"positive": text, "negatives": [], "negative_pos": [], "replaced": [], "missed": [],
                      "missed_reason": []}
+            owed = []  # the level's words skipped for another word's candidate
             for p, (a, b) in enumerate(pieces):
                 for tok in doc:
                     s = lead + tok.idx
@@ -445,31 +433,17 @@ class TreeGenerator:
                     if why is not None and rel is None:
                         level["missed"].append([tok.text, tok.pos_])
                         level["missed_reason"].append(why)
+                        owed += [tok.i] if why.endswith(parse.SECOND_CANDIDATE) else []
                         continue
                     u0, u1 = rel[:2] if rel else units.get(tok.i, (tok.i, tok.i + 1))
                     upos = "ADP" if rel else "NOUN" if u1 - u0 > 1 else tok.pos_
                     doc.user_data["vlctl_relation"] = rel  # (its kind, for _replace)
-                    start = lead + doc[u0].idx
-                    n = lead + doc[u1 - 1].idx + len(doc[u1 - 1].text) - start
-                    art = doc[u0 - 1] if u0 > 0 and doc[u0 - 1].lower_ in ("a", "an") else None
-                    art_s = lead + art.idx if art is not None and lead + art.idx >= pieces[p][0] else None
-
-                    def render(word: str, pieces=pieces, p=p, s=start, n=n, art_s=art_s, art=art) -> str:
-                        parts = [caption[x:y] for x, y in pieces]
-                        x0 = pieces[p][0]
-                        if art_s is not None:
-                            # a/an agreement with the new word ("an old photo" -> "a young photo")
-                            new_art = _match_case(article_for(word.lower()), art.text)
-                            head = caption[x0:art_s] + new_art + caption[art_s + len(art.text):s]
-                        else:
-                            head = caption[x0:s]
-                        parts[p] = head + word + caption[s + n:pieces[p][1]]
-                        return " and ".join(parts)
-
+                    render = parse.renderer(doc, caption, lead, pieces, p, (u0, u1))
                     got = self._replace(doc, tok.i, caption, seed, render, positives, (u0, u1))
                     if isinstance(got, str):
                         level["missed"].append([doc[u0:u1].text if u1 - u0 > 1 else tok.text, tok.pos_])
                         level["missed_reason"].append(got)
+                        owed += [tok.i] if got.endswith(parse.SECOND_CANDIDATE) else []
                         continue
                     neg, word, stage = got
                     if neg in level["negatives"]:
@@ -477,8 +451,34 @@ class TreeGenerator:
                     level["negatives"].append(neg)
                     level["negative_pos"].append(upos)
                     level["replaced"].append([doc[u0:u1].text if u1 - u0 > 1 else tok.text, word, upos, stage])
+                    used[tok.i] = ((u0, u1), rel, level["replaced"][-1][0], upos, len(tree))
+            if owed:
+                self._second_candidates(doc, caption, seed, lead, pieces, level, positives, used, owed, len(tree))
             tree.append(level)
         return tree
+
+    def _second_candidates(self, doc, caption, seed, lead, pieces, level, positives, used, owed, k) -> None:
+        """Each word of level k skipped for a reader's reason (parse.SECOND_CANDIDATE; indices `owed`) is made up by
+        one negative of another replaced word of the level, its first candidate not yet a negative of the level: a
+        word of the skipped one's phrase first ("in a field": field), then the level's own, then the nearest."""
+        taken: set[int] = set()
+        for j in owed:
+            near = {t.i for t in doc[j].subtree}
+            for i in sorted(set(used) - taken, key=lambda i: (i not in near, used[i][4] != k, abs(i - j), i)):
+                (u0, u1), rel, name, upos, _ = used[i]
+                s, e = lead + doc[u0].idx, lead + doc[u1 - 1].idx + len(doc[u1 - 1].text)
+                p = next((q for q, (x, y) in enumerate(pieces) if x <= s and e <= y), None)
+                if p is None:
+                    continue
+                doc.user_data["vlctl_relation"] = rel
+                got = self._replace(doc, i, caption, seed, parse.renderer(doc, caption, lead, pieces, p, (u0, u1)),
+                                    positives | set(level["negatives"]), (u0, u1))
+                if not isinstance(got, str):
+                    taken.add(i)
+                    level["negatives"].append(got[0])
+                    level["negative_pos"].append(upos)
+                    level["replaced"].append([name, got[1], upos, got[2]])
+                    break
 
     @staticmethod
     def _public(tree: list[dict], details: bool) -> list[dict]:
@@ -574,7 +574,6 @@ class TreeGenerator:
         return None
 
 
-_PHRASE = re.compile(r"^[a-z]+( [a-z]+)?$")  # a replacement: one or two lowercase words
 
 
 # --- module-level API --------------------------------------------------------------------------

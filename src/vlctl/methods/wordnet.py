@@ -295,6 +295,36 @@ def mfs_antonyms(wn, base: str, pos: str) -> tuple[str, ...]:
     return tuple(sorted(n for n in out if _plain(n, base)))
 
 
+# Attributes (WordNet's attribute() of an adjective's sense, or of its cluster head) a photo shows: an
+# antonym along one is a visual contrast ("a wet dog" -> "a dry dog"); the seventh round's reading found
+# "tasty" -> "tasteless", "major" -> "minor" not visual. Adjectives WordNet gives no attribute that are:
+# VISUAL_ANTONYM_ADJ. A verb's antonym is seen for the body, contact and motion ("wake" -> "sleep", "open"
+# -> "close"), not "including" -> "excluding" or "love" -> "hate"; a noun's unless it is abstract.
+VISUAL_ATTRIBUTES = frozenset({"size", "stature", "height", "length", "width", "depth", "thickness", "age",
+                               "luminosity", "brightness", "light", "wetness", "temperature", "fullness",
+                               "openness", "cleanness", "curliness"})
+VISUAL_ANTONYM_ADJ = frozenset({"front", "back", "cooked", "raw", "leafy", "leafless", "open", "closed", "shut",
+                                "smooth", "rough", "curly", "straight", "crowded", "empty", "indoor", "outdoor",
+                                "urban", "rural"})
+VISUAL_VERB_LEXNAMES = frozenset({"verb.body", "verb.contact", "verb.motion"})
+
+
+@functools.lru_cache(maxsize=50_000)
+def visual_antonyms(wn, base: str, pos: str) -> tuple[str, ...]:
+    """`mfs_antonyms` of `base` when the contrast is one a picture shows (see VISUAL_ATTRIBUTES), else ()."""
+    ants = mfs_antonyms(wn, base, pos)
+    sense = most_frequent_sense(wn, base, pos) if ants else None
+    if sense is None:
+        return ()
+    if pos == "ADJ":
+        heads = [sense, *sense.similar_tos()] if sense.pos() == "s" else [sense]
+        attributes = {a.name().split(".")[0] for h in heads for a in h.attributes()}
+        visual = base in VISUAL_ANTONYM_ADJ or bool(attributes & VISUAL_ATTRIBUTES)
+    else:
+        visual = sense.lexname() in VISUAL_VERB_LEXNAMES if pos == "VERB" else sense.lexname() not in ABSTRACT_LEXNAMES
+    return ants if visual else ()
+
+
 @functools.lru_cache(maxsize=200_000)
 def is_related(wn, base: str, word: str, pos: str) -> bool:
     """Whether `word` stays true of what `base` names: its lemma, a synonym, a hypernym or a
@@ -371,29 +401,6 @@ def related_words(wn, base: str, pos: str) -> frozenset[str]:
             for sim in s.similar_tos():
                 out.update(lemma.name().lower() for lemma in sim.lemmas())
     return frozenset(out)
-
-
-_GARMENT_ROOTS = frozenset({"clothing.n.01", "garment.n.01", "headdress.n.01", "footwear.n.02", "accessory.n.01"})
-_PLACE_LEXNAMES = frozenset({"noun.location", "noun.object", "noun.substance", "noun.phenomenon", "noun.time",
-                             "noun.event", "noun.act", "noun.state"})
-
-
-@functools.lru_cache(maxsize=50_000)
-def object_kind(wn, base: str) -> str:
-    """"garment", "thing" or "place" for a preposition's object noun (its most frequent sense):
-    clothing ("in a red shirt"), an object one can be on, under or beside ("a table"), or a place
-    or substance one is in or near ("a field", "the water"). "thing" when WordNet does not know it."""
-    sense = most_frequent_sense(wn, base, "NOUN")
-    if sense is None:
-        return "thing"
-    ancestors = {h.name() for h in sense.closure(lambda x: x.hypernyms())}
-    if ancestors & _GARMENT_ROOTS:
-        return "garment"
-    if sense.lexname() in _PLACE_LEXNAMES or {"area.n.01", "geographic_point.n.01", "room.n.01",
-                                             "structure.n.01", "region.n.03", "thoroughfare.n.01", "road.n.01",
-                                             "body_of_water.n.01", "land.n.04"} & ancestors:
-        return "place"
-    return "thing"
 
 
 # Abstract senses (acts, events, times, attributes, states): a preposition object with no under or
@@ -510,15 +517,6 @@ def noun_lexname(wn, noun) -> str | None:
     return None if sense is None else sense.lexname()
 
 
-def head_is_animate(wn, adj) -> bool:
-    """An adjective's noun is known to be a person or animal (not merely unknown)."""
-    head = adj.head
-    if head is adj or head.pos_ not in ("NOUN", "PROPN") or wn is None:
-        return False
-    sense = most_frequent_sense(wn, base_form(wn, head.lower_, "NOUN"), "NOUN")
-    return sense is not None and sense.lexname() in ("noun.person", "noun.animal")
-
-
 def is_known(word: str, known: frozenset[str]) -> bool:
     """`word` is in `known` once a simple English suffix is stripped ("running" -> "run")."""
     if word in known:
@@ -585,16 +583,3 @@ def young_phrase(wn, noun) -> bool:
     """A noun naming a young one ("girl") or modified by one ("her young, baby elephant")."""
     return noun.pos_ in ("NOUN", "PROPN") and any(is_young(wn, base_form(wn, t.lower_, "NOUN")) for t in (
         noun, *(c for c in noun.children if c.dep_ in ("compound", "nmod") and c.pos_ == "NOUN")))
-
-
-def is_animate_kind(wn, noun) -> bool:
-    """A noun token known (WordNet's most frequent sense) to be a person or an animal."""
-    if wn is None or noun.pos_ not in ("NOUN", "PROPN") or noun.lower_ in ("bat", "bats", "mouse"):
-        # (WordNet's first "bat" and "mouse" are animals; a photo's are a baseball bat and a computer's)
-        return noun.pos_ == "PRON" and noun.lower_ in ("him", "her", "them", "people", "someone")
-    words = (noun.doc[noun.i - 1].lower_, base_form(wn, noun.lower_, "NOUN")) if noun.i else ()
-    if words and is_compound(wn, words):  # "a baseball bat", "a teddy bear", "a hot dog": the compound's
-        return all(x.lexname() in ("noun.person", "noun.animal") for x in wn.synsets("_".join(words), "n")[:2])
-    sense = most_frequent_sense(wn, words[1] if words else base_form(wn, noun.lower_, "NOUN"), "NOUN")
-    return sense is not None and (sense.lexname() in ("noun.person", "noun.animal")
-                                  or sense.name() in ("person.n.01", "animal.n.01", "people.n.01"))
