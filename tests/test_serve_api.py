@@ -154,6 +154,52 @@ def test_text_search_matches_the_store(client, state):
     assert [h["label"] for h in hits] == [m["captions"][0] if "captions" in m else m["caption"] for m in meta]
 
 
+def test_text_queries_of_concurrent_requests_share_a_forward(state, monkeypatch):
+    import asyncio
+
+    from vlctl.io import VlctlError
+    from vlctl.serve.texts import TextBatches
+
+    coll = state.collections["store"]
+    real = coll.encoder.embed_texts
+    calls, started, gate = [], threading.Event(), threading.Event()
+
+    def embed(texts):
+        calls.append(list(texts))
+        started.set()
+        gate.wait(10)  # the first forward runs while the other requests queue their texts
+        if "refused" in texts:
+            raise VlctlError("embed_texts: item 0: the tokenizer refuses it")
+        return real(texts)
+
+    monkeypatch.setattr(coll.encoder, "embed_texts", embed)
+    from vlctl.serve.state import _LRU
+
+    monkeypatch.setattr(coll, "text_queries", _LRU(64))  # none of these texts cached by an earlier test
+    batches = TextBatches()
+
+    async def main():
+        first = asyncio.create_task(batches.cache(coll, "a big red square"))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        rest = [asyncio.create_task(batches.cache(coll, t)) for t in ("a red square", "a blue square", "refused",
+                                                                       "a red square")]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.gather(first, *rest)
+
+    asyncio.run(main())
+    batches.shutdown()
+    # one forward for everything queued behind the first; a refused text then fails alone
+    assert calls[:2] == [["a big red square"], ["a red square", "a blue square", "refused"]]
+    assert calls[2:] == [["a red square"], ["a blue square"], ["refused"]]
+    for text in ("a big red square", "a red square", "a blue square"):
+        np.testing.assert_allclose(coll.text_queries.get(text), real([text]), atol=1e-6)
+    assert coll.text_queries.get("refused") is None
+    with pytest.raises(VlctlError, match="refuses"):
+        coll.text_query("refused")  # its own request reports it
+
+
 def test_text_queries_are_encoded_once(client, state, monkeypatch):
     coll = state.collections["store"]
     calls = []

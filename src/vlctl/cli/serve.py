@@ -79,6 +79,9 @@ def state_from_fields(fields: dict):
         return build_state(argparse.Namespace(**fields))
 
 
+SWITCH_INTERVAL_S = 0.0005  # the server process's sys.setswitchinterval (Python's default: 0.005)
+
+
 def _plain(args: argparse.Namespace) -> dict:
     """The state's flags as plain values (the parser's path strings do not pickle)."""
     return {f: str(v) if isinstance(v, str) else v for f, v in ((f, getattr(args, f)) for f in STATE_ARGS)}
@@ -111,6 +114,11 @@ def serve(args: argparse.Namespace) -> dict:
                             threads=config.heavy_threads, nice=config.heavy_nice)
         heavy.wait_ready()
     app = create_app(state, config, heavy)
+    # The text tower's forward (TextBatches' thread) gives the interpreter lock back at every torch op
+    # and waits for it after each one while request threads run Python: at the default 5 ms switch
+    # interval a MiniLM forward took ~50 ms under the load test, at 0.5 ms ~36 ms (text p99 135-175
+    # -> 117-121 ms, benchmarks/serve_load.py).
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     if config.port == 0:  # any free port: chosen here, so the line below names it
         import socket
 

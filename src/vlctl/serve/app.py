@@ -59,6 +59,7 @@ from vlctl.serve import imaging, schemas, work
 from vlctl.serve.heavy import HeavyWorker, WorkerLost
 from vlctl.serve.jobs import Jobs, TooManyJobs
 from vlctl.serve.state import TEXT_QUERY_CACHE, NotFound, ServeState
+from vlctl.serve.texts import TextBatches
 
 STATIC = Path(__file__).resolve().parent / "static"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -204,10 +205,13 @@ def create_app(state: ServeState, config: ServeConfig | None = None, heavy: Heav
     # explain requests wait for each other, not in front of the searches.
     explain_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlctl-explain")
     jobs = Jobs(workers=config.job_workers)
+    texts = TextBatches()  # uncached text queries of concurrent requests: one forward for all
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
         jobs.shutdown()
+        texts.shutdown()
         for p in (pool, explain_pool):
             p.shutdown(wait=False, cancel_futures=True)
         if heavy is not None:
@@ -308,6 +312,8 @@ def create_app(state: ServeState, config: ServeConfig | None = None, heavy: Heav
     @app.post("/api/search", response_model=schemas.SearchResponse, responses=errors)
     async def search(req: schemas.SearchRequest):
         coll = state.collection(req.collection)
+        if req.text is not None:
+            await _timed(texts.cache(coll, req.text))
         return JSONResponse(await run(work.search, coll, req.text, req.image_id, req.k))
 
     @app.post("/api/search/upload", response_model=schemas.SearchResponse, responses=errors)
@@ -322,6 +328,8 @@ def create_app(state: ServeState, config: ServeConfig | None = None, heavy: Heav
     @app.post("/api/steer", response_model=schemas.SteerResponse, responses=errors)
     async def steer(req: schemas.SteerRequest):
         coll = state.collection(req.collection)
+        if req.text is not None:
+            await _timed(texts.cache(coll, req.text))
         return JSONResponse(await run(work.steer, coll, req))
 
     @app.post("/api/cluster", response_model=schemas.Job, status_code=202, responses=errors)

@@ -169,9 +169,31 @@ class Collection:
         if q is None:
             with self.lock:
                 q = np.asarray(enc.embed_texts([text]))
-            q.flags.writeable = False  # shared by every later request for this text
-            self.text_queries.put(text, q)
+            self._keep(text, q)
         return q
+
+    def cache_texts(self, texts: list[str]) -> None:
+        """Embed the `texts` missing from the text-query cache in one forward and keep them. One
+        forward of a few texts costs about one of one text: it reads the text tower's weights
+        once (MiniLM: 22M floats). A text the tokenizer refuses is left out; its own request
+        reports it (`text_query`)."""
+        todo = [t for t in dict.fromkeys(texts) if self.text_queries.get(t) is None]
+        if not todo or self.encoder is None:
+            return
+        try:
+            with self.lock:
+                rows = np.asarray(self.encoder.embed_texts(todo))
+        except VlctlError:
+            if len(todo) > 1:
+                for t in todo:
+                    self.cache_texts([t])
+            return
+        for text, row in zip(todo, rows):
+            self._keep(text, row[None].copy())
+
+    def _keep(self, text: str, q: np.ndarray) -> None:
+        q.flags.writeable = False  # shared by every later request for this text
+        self.text_queries.put(text, q)
 
     def pixel_query(self, rgb: np.ndarray) -> np.ndarray:
         enc = self._need_encoder()
