@@ -446,8 +446,8 @@ def test_explain_an_uploaded_image(client, state, world):
 
 
 def test_heavy_work_in_its_own_process(world, state):
-    """Explain and clustering through a `HeavyWorker` (a spawned process with its own state) answer
-    what the in-process path answers; the searches stay in this process."""
+    """Explain, clustering and text embedding through a `HeavyWorker` (spawned processes with their
+    own state) answer what the in-process path answers; the searches stay in this process."""
     import functools
 
     from fastapi.testclient import TestClient
@@ -476,6 +476,14 @@ def test_heavy_work_in_its_own_process(world, state):
         ids = coll.controlembed.cluster(coll.store.embeddings(), "size", seed=1)
         assert sorted(cl["size"] for cl in job["result"]["clusters"]) == sorted(np.bincount(ids, minlength=2).tolist())
         assert c.post("/api/search", json={"collection": "store", "image_id": 1, "k": 2}).status_code == 200
+        # a text query is embedded by the process of texts (its own model copy), then searched here
+        app_state = c.app.state.vlctl.collections["store"]
+        app_state.encoder.embed_texts = lambda texts: pytest.fail("the text was embedded in the server process")
+        hits = c.post("/api/search", json={"collection": "store", "text": "a small blue square", "k": 3}).json()["hits"]
+        want = coll.store.search(coll.encoder.embed_texts(["a small blue square"]), k=3)
+        assert [h["id"] for h in hits] == want.ids[0].tolist()
+        np.testing.assert_allclose(app_state.text_queries.get("a small blue square"),
+                                   coll.encoder.embed_texts(["a small blue square"]), atol=1e-6)
 
 
 # --- images, reports, safety ---------------------------------------------------------------------

@@ -205,7 +205,7 @@ def create_app(state: ServeState, config: ServeConfig | None = None, heavy: Heav
     # explain requests wait for each other, not in front of the searches.
     explain_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlctl-explain")
     jobs = Jobs(workers=config.job_workers)
-    texts = TextBatches()  # uncached text queries of concurrent requests: one forward for all
+    texts = TextBatches(heavy)  # uncached text queries of concurrent requests: one forward for all
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -9,6 +9,9 @@ picklable `factory`, e.g. the CLI's arguments), with few torch threads (one by d
 CPU priority (`nice`; under a load the heavy work then waits long, so it is off by default).
 
 Each task has a process of its own, so a clustering job never waits behind a queue of explains.
+The third task embeds the text queries of search and steer requests (`vlctl.serve.texts`): a
+text tower's forward in the server process would wait for the interpreter lock after each of its
+torch ops while the request threads run Python; that process runs at the server's priority.
 `HeavyWorker.submit(name, *args)` returns a `concurrent.futures.Future` of a plain dict (the same
 as `work.explain` / `work.cluster` return). A worker that dies is replaced on the next submit;
 the requests it was computing fail with `WorkerLost` (HTTP 503).
@@ -78,7 +81,15 @@ def _cluster(collection: str, attribute: str, k: int | None, seed: int, per_clus
     return work.cluster(_STATE.collection(collection), attribute, k, seed, per_cluster)
 
 
-TASKS = {"explain": _explain, "cluster": _cluster}
+def _texts(collection: str, texts: list[str]) -> list[np.ndarray | None]:
+    """(1, d) embedding of each text, None where the tower refuses it (`Collection.cache_texts`)."""
+    coll = _STATE.collection(collection)
+    coll.cache_texts(texts)
+    return [coll.text_queries.get(t) for t in texts]
+
+
+TASKS = {"explain": _explain, "cluster": _cluster, "texts": _texts}
+INTERACTIVE = frozenset({"texts"})  # a request waits for it: never at the lower priority
 
 
 class HeavyWorker:
@@ -88,14 +99,15 @@ class HeavyWorker:
     def __init__(self, factory: Callable[[], Any], threads: int = 1, nice: int = 0):
         self._args = (factory, threads, nice)
         self._lock = threading.Lock()
-        self._pools = {name: self._start() for name in TASKS}
+        self._pools = {name: self._start(name) for name in TASKS}
 
-    def _start(self) -> ProcessPoolExecutor:
+    def _start(self, name: str) -> ProcessPoolExecutor:
         import multiprocessing
 
+        factory, threads, nice = self._args
         # spawn, not fork: the server process already runs torch's and uvicorn's threads.
-        return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_init, initargs=self._args)
+        return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
+                                   initargs=(factory, threads, 0 if name in INTERACTIVE else nice))
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Start the processes now and wait until their state is loaded (VlctlError if one fails)."""
@@ -115,7 +127,7 @@ class HeavyWorker:
                 return self._wrap(self._pools[name].submit(fn, *args))
             except BrokenProcessPool:  # it died earlier: a fresh process for this and later requests
                 self._pools[name].shutdown(wait=False, cancel_futures=True)
-                self._pools[name] = self._start()
+                self._pools[name] = self._start(name)
                 return self._wrap(self._pools[name].submit(fn, *args))
 
     @staticmethod

@@ -140,6 +140,8 @@ class Collection:
                 pass  # a word tokenizer without the word: the model is loaded all the same
         for a in self.attributes:
             self.affine(a)
+        if self.tevi is not None:
+            self.tevi_reranker()  # the SAE codes of every row, not in the first TEVI steer
 
     def embeddings(self) -> np.ndarray:
         """All image rows (n, d) float32 (read once)."""
@@ -169,7 +171,7 @@ class Collection:
         if q is None:
             with self.lock:
                 q = np.asarray(enc.embed_texts([text]))
-            self._keep(text, q)
+            self.keep_text(text, q)
         return q
 
     def cache_texts(self, texts: list[str]) -> None:
@@ -189,9 +191,9 @@ class Collection:
                     self.cache_texts([t])
             return
         for text, row in zip(todo, rows):
-            self._keep(text, row[None].copy())
+            self.keep_text(text, row[None].copy())
 
-    def _keep(self, text: str, q: np.ndarray) -> None:
+    def keep_text(self, text: str, q: np.ndarray) -> None:
         q.flags.writeable = False  # shared by every later request for this text
         self.text_queries.put(text, q)
 

@@ -6,7 +6,8 @@ core for one short text, about the same for a few), and in a request thread it k
 few request workers busy while the others wait. So the app, on its event loop, first hands each
 uncached text to a `TextBatches`: texts that arrive while a forward runs are queued, and the next
 forward embeds every queued text of the collection at once into its text-query cache, on a
-thread of its own (one forward at a time per collection). The request then runs as before and finds its text in the cache; a text the
+thread of its own (one forward at a time per collection), or in the heavy-work process of
+texts (`vlctl.serve.heavy`), where the forward does not share this process's interpreter lock. The request then runs as before and finds its text in the cache; a text the
 tower refuses, or a cache that is off (`--text-cache 0`), leaves the request to embed (and
 report) its text itself, so what a request answers never depends on the batching.
 """
@@ -14,15 +15,21 @@ report) its text itself, so what a request answers never depends on the batching
 from __future__ import annotations
 
 import asyncio
+import logging
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from vlctl.serve.state import Collection
 
+log = logging.getLogger("vlctl.serve")
+
 
 class TextBatches:
-    """Per collection, the texts waiting for the next forward (only touched on the event loop)."""
+    """Per collection, the texts waiting for the next forward (only touched on the event loop).
+    `heavy`: a `HeavyWorker` whose "texts" process runs the forwards (None: a thread here)."""
 
-    def __init__(self):
+    def __init__(self, heavy: Any = None):
+        self._heavy = heavy
         # a thread per collection at most (each runs one forward at a time, under its collection's lock):
         # a MAD text does not wait behind a forward of the shapes' MiniLM
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="vlctl-text")
@@ -47,7 +54,15 @@ class TextBatches:
             while self._queued.get(coll.name):
                 batch = self._queued.pop(coll.name)  # texts arriving from now on wait for the next forward
                 try:
-                    await loop.run_in_executor(self._executor, coll.cache_texts, list(batch))
+                    if self._heavy is None:
+                        await loop.run_in_executor(self._executor, coll.cache_texts, list(batch))
+                    else:
+                        rows = await asyncio.wrap_future(self._heavy.submit("texts", coll.name, list(batch)))
+                        for text, q in zip(batch, rows):
+                            if q is not None:
+                                coll.keep_text(text, q)
+                except Exception as e:  # noqa: BLE001 - a failed forward or a lost worker: each request embeds its own
+                    log.warning("vlctl serve: text queries of %r embedded one by one (%s)", coll.name, e)
                 finally:
                     for done in batch.values():
                         if not done.done():
