@@ -384,7 +384,8 @@ def main() -> int:
                 proc.kill()
     result = {"demo_dir": args.demo_dir, "cpus": os.cpu_count(), "server_threads": args.threads,
               "heavy_threads": args.heavy_threads, "server_args": args.server_arg, "mix": MIX,
-              "startup_s": round(startup, 1), "load": load, **({"later_passes": later} if later else {}), "one_client": alone, "explain_alone": explain,
+              "startup_s": round(startup, 1), "load": load, **({"later_passes": later} if later else {}),
+              "one_client": alone, "explain_alone": explain,
               "cluster_10k": cluster_10k(args.demo_dir, args.heavy_threads),
               "note": "2 CPU cores shared with other processes while measured: latencies include their load"}
     requests_csv = Path(args.json).with_suffix(".requests.csv")

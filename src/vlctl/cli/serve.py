@@ -114,10 +114,10 @@ def serve(args: argparse.Namespace) -> dict:
                             threads=config.heavy_threads, nice=config.heavy_nice)
         heavy.wait_ready()
     app = create_app(state, config, heavy)
-    # The text tower's forward (TextBatches' thread) gives the interpreter lock back at every torch op
-    # and waits for it after each one while request threads run Python: at the default 5 ms switch
-    # interval a MiniLM forward took ~50 ms under the load test, at 0.5 ms ~36 ms (text p99 135-175
-    # -> 117-121 ms, benchmarks/serve_load.py).
+    # A torch forward in this process (a text query's, without the heavy-work processes or when one
+    # is lost) gives the interpreter lock back at every op and waits for it after each one while the
+    # request threads run Python: at the default 5 ms switch interval a MiniLM forward took ~50 ms
+    # under the load test, at 0.5 ms ~36 ms (text p99 135-175 -> 117-121 ms, benchmarks/serve_load.py).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     if config.port == 0:  # any free port: chosen here, so the line below names it
         import socket

@@ -12,8 +12,8 @@ Each task has a process of its own, so a clustering job never waits behind a que
 The third task embeds the text queries of search and steer requests (`vlctl.serve.texts`): a
 text tower's forward in the server process would wait for the interpreter lock after each of its
 torch ops while the request threads run Python; that process runs at the server's priority.
-`HeavyWorker.submit(name, *args)` returns a `concurrent.futures.Future` of a plain dict (the same
-as `work.explain` / `work.cluster` return). A worker that dies is replaced on the next submit;
+`HeavyWorker.submit(name, *args)` returns a `concurrent.futures.Future` of what the task returns
+(a plain dict: the same as `work.explain` / `work.cluster`, or text -> embedding). A worker that dies is replaced on the next submit;
 the requests it was computing fail with `WorkerLost` (HTTP 503).
 """
 
@@ -81,11 +81,9 @@ def _cluster(collection: str, attribute: str, k: int | None, seed: int, per_clus
     return work.cluster(_STATE.collection(collection), attribute, k, seed, per_cluster)
 
 
-def _texts(collection: str, texts: list[str]) -> list[np.ndarray | None]:
-    """(1, d) embedding of each text, None where the tower refuses it (`Collection.cache_texts`)."""
-    coll = _STATE.collection(collection)
-    coll.cache_texts(texts)
-    return [coll.text_queries.get(t) for t in texts]
+def _texts(collection: str, texts: list[str]) -> dict[str, np.ndarray]:
+    """text -> (1, d) embedding, for each text the tower does not refuse (`Collection.cache_texts`)."""
+    return _STATE.collection(collection).cache_texts(texts)
 
 
 TASKS = {"explain": _explain, "cluster": _cluster, "texts": _texts}

@@ -174,28 +174,31 @@ class Collection:
             self.keep_text(text, q)
         return q
 
-    def cache_texts(self, texts: list[str]) -> None:
-        """Embed the `texts` missing from the text-query cache in one forward and keep them. One
-        forward of a few texts costs about one of one text: it reads the text tower's weights
-        once (MiniLM: 22M floats). A text the tokenizer refuses is left out; its own request
-        reports it (`text_query`)."""
-        todo = [t for t in dict.fromkeys(texts) if self.text_queries.get(t) is None]
+    def cache_texts(self, texts: list[str]) -> dict[str, np.ndarray]:
+        """Embed the `texts` missing from the text-query cache in one forward and keep them; returns
+        text -> (1, d) embedding for every text it has. One forward of a few texts costs about one
+        of one text: it reads the text tower's weights once (MiniLM: 22M floats). A text the
+        tokenizer refuses is left out; its own request reports it (`text_query`)."""
+        have = {t: q for t in dict.fromkeys(texts) if (q := self.text_queries.get(t)) is not None}
+        todo = [t for t in dict.fromkeys(texts) if t not in have]
         if not todo or self.encoder is None:
-            return
+            return have
         try:
             with self.lock:
                 rows = np.asarray(self.encoder.embed_texts(todo))
         except VlctlError:
             if len(todo) > 1:
                 for t in todo:
-                    self.cache_texts([t])
-            return
+                    have.update(self.cache_texts([t]))
+            return have
         for text, row in zip(todo, rows):
-            self.keep_text(text, row[None].copy())
+            have[text] = self.keep_text(text, row[None].copy())
+        return have
 
-    def keep_text(self, text: str, q: np.ndarray) -> None:
+    def keep_text(self, text: str, q: np.ndarray) -> np.ndarray:
         q.flags.writeable = False  # shared by every later request for this text
         self.text_queries.put(text, q)
+        return q
 
     def pixel_query(self, rgb: np.ndarray) -> np.ndarray:
         enc = self._need_encoder()

@@ -5,11 +5,12 @@ that forward is bound by reading the tower's weights (a MiniLM's six BERT layers
 core for one short text, about the same for a few), and in a request thread it keeps one of the
 few request workers busy while the others wait. So the app, on its event loop, first hands each
 uncached text to a `TextBatches`: texts that arrive while a forward runs are queued, and the next
-forward embeds every queued text of the collection at once into its text-query cache, on a
-thread of its own (one forward at a time per collection), or in the heavy-work process of
-texts (`vlctl.serve.heavy`), where the forward does not share this process's interpreter lock. The request then runs as before and finds its text in the cache; a text the
-tower refuses, or a cache that is off (`--text-cache 0`), leaves the request to embed (and
-report) its text itself, so what a request answers never depends on the batching.
+forward embeds every queued text of the collection at once into its text-query cache: in the
+heavy-work process of texts (`vlctl.serve.heavy`), where the forward does not share this
+process's interpreter lock, or without that process on a thread here (one forward at a time per
+collection). The request then runs as before and finds its text in the cache; a text the tower
+refuses, or a cache that is off (`--text-cache 0`), leaves the request to embed (and report) its
+text itself, so what a request answers never depends on the batching.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ class TextBatches:
 
     def __init__(self, heavy: Any = None):
         self._heavy = heavy
-        # a thread per collection at most (each runs one forward at a time, under its collection's lock):
-        # a MAD text does not wait behind a forward of the shapes' MiniLM
-        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="vlctl-text")
+        # without it, a thread per collection at most (each runs one forward at a time, under its
+        # collection's lock): a MAD text does not wait behind a forward of the shapes' MiniLM
+        self._executor = None if heavy is not None else ThreadPoolExecutor(max_workers=4,
+                                                                           thread_name_prefix="vlctl-text")
         self._queued: dict[str, dict[str, asyncio.Future]] = {}  # collection -> text -> done when cached
         self._running: dict[str, asyncio.Task] = {}  # collection -> its forward loop
 
@@ -57,10 +59,9 @@ class TextBatches:
                     if self._heavy is None:
                         await loop.run_in_executor(self._executor, coll.cache_texts, list(batch))
                     else:
-                        rows = await asyncio.wrap_future(self._heavy.submit("texts", coll.name, list(batch)))
-                        for text, q in zip(batch, rows):
-                            if q is not None:
-                                coll.keep_text(text, q)
+                        got = await asyncio.wrap_future(self._heavy.submit("texts", coll.name, list(batch)))
+                        for text, q in got.items():
+                            coll.keep_text(text, q)
                 except Exception as e:  # noqa: BLE001 - a failed forward or a lost worker: each request embeds its own
                     log.warning("vlctl serve: text queries of %r embedded one by one (%s)", coll.name, e)
                 finally:
@@ -71,4 +72,5 @@ class TextBatches:
             del self._running[coll.name]
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
