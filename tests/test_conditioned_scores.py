@@ -142,3 +142,19 @@ def test_dense_path_in_several_blocks():
     b_pre, text = torch.randn(D, generator=g, dtype=torch.float64), torch.randn(Q, D, generator=g, dtype=torch.float64)
     args = (latents, masks, decoder, b_pre, text)
     torch.testing.assert_close(conditioned_scores(*args, method="dense"), _naive(*args), atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("texts", [[0, 1, 2, 3], [0, 2, 4]])  # contiguous texts (mask rows as a view), or not
+def test_pair_scores_embed_with_equal_pairs_per_text(texts):
+    """A t2i rerank's layout, every text with the same number of pairs (the gather fast path)."""
+    from vlctl.methods.tevi_scoring import pair_scores
+
+    latents, masks, decoder, b_pre, text = _inputs(torch.float64, seed=4)
+    g = torch.Generator().manual_seed(2)
+    width = 6
+    text_idx = torch.tensor(texts).repeat(width)  # rank-major, as rerank lists them
+    image_idx = torch.stack([torch.randperm(P, generator=g)[:width] for _ in texts], 1).reshape(-1)
+    full = _naive(latents, masks, decoder, b_pre, text)
+    got = pair_scores(latents, masks, decoder, b_pre, text, image_idx, text_idx, support=K, text_chunk=2,
+                      method="embed")
+    torch.testing.assert_close(got, full[image_idx, text_idx], rtol=1e-10, atol=1e-10)

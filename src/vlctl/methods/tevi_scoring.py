@@ -382,8 +382,22 @@ def pair_scores(
         off_type = torch.int32 if m_flat.numel() < 2**31 else torch.int64
         idx_off, row_off = idx.to(off_type), texts.to(off_type) * d1
         g = torch.empty(n_pairs, k, dtype=latents.dtype, device=latents.device)  # row r: pair by_text[r]
+        # Every text with the same number of pairs (a t2i rerank: k each): a chunk's gather is one
+        # torch.gather over its (c, d1) mask rows, measured 1.8x faster than index_select into the
+        # flat mask (1.16 vs 2.1 s for 5k x 25k rerank@100; docs/findings.md, "Where the t2i
+        # rerank's time goes").
+        width = n_pairs // len(texts)
+        uniform = text_starts == list(range(0, n_pairs + 1, width))
+        text_list = texts.tolist()
         for j0 in range(0, len(texts), c_txt):
-            r0, r1 = text_starts[j0], text_starts[min(j0 + c_txt, len(texts))]
+            j1 = min(j0 + c_txt, len(texts))
+            r0, r1 = text_starts[j0], text_starts[j1]
+            if uniform:
+                t0, t1 = text_list[j0], text_list[j1 - 1] + 1
+                rows = masks[t0:t1] if t1 - t0 == j1 - j0 else masks.index_select(0, texts[j0:j1])
+                cols = idx.index_select(0, pi_t[r0:r1]).view(j1 - j0, width * k)
+                torch.gather(rows, 1, cols, out=g[r0:r1].view(j1 - j0, width * k))
+                continue
             # (n, K) offsets into m, from index_select (advanced indexing measured slower)
             flat = idx_off.index_select(0, pi_t[r0:r1]).add_(row_off.index_select(0, qi_t[r0:r1])[:, None])
             torch.index_select(m_flat, 0, flat.view(-1), out=g[r0:r1].view(-1))
