@@ -158,3 +158,12 @@ def test_pair_scores_embed_with_equal_pairs_per_text(texts):
     got = pair_scores(latents, masks, decoder, b_pre, text, image_idx, text_idx, support=K, text_chunk=2,
                       method="embed")
     torch.testing.assert_close(got, full[image_idx, text_idx], rtol=1e-10, atol=1e-10)
+
+
+def test_pair_scores_of_no_pairs_is_empty_for_every_method():
+    from vlctl.methods.tevi_scoring import PAIR_METHODS, pair_scores
+
+    latents, masks, decoder, b_pre, text = _inputs(torch.float64, seed=5)
+    none = torch.zeros(0, dtype=torch.long)
+    for method in PAIR_METHODS:
+        assert pair_scores(latents, masks, decoder, b_pre, text, none, none, support=K, method=method).shape == (0,)

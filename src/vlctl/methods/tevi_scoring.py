@@ -386,8 +386,8 @@ def pair_scores(
         # torch.gather over its (c, d1) mask rows, measured 1.8x faster than index_select into the
         # flat mask (1.16 vs 2.1 s for 5k x 25k rerank@100; docs/findings.md, "Where the t2i
         # rerank's time goes").
-        width = n_pairs // len(texts)
-        uniform = text_starts == list(range(0, n_pairs + 1, width))
+        width = n_pairs // max(1, len(texts))
+        uniform = width > 0 and text_starts == list(range(0, n_pairs + 1, width))
         text_list = texts.tolist()
         for j0 in range(0, len(texts), c_txt):
             j1 = min(j0 + c_txt, len(texts))
