@@ -376,19 +376,21 @@ def pair_scores(
     if method == "embed":
         # Pass 1 gathers the raw mask entries m_q[S_p] only: z_p is folded into the image's decoder
         # rows in pass 2 (K x d once per image instead of n x K products here).
-        m_flat = masks.reshape(-1)
-        # int32 offsets when they fit: index_select then moves half the index bytes (measured
-        # 3x faster than int64 advanced indexing on a 25k x 16k mask).
-        off_type = torch.int32 if m_flat.numel() < 2**31 else torch.int64
-        idx_off, row_off = idx.to(off_type), texts.to(off_type) * d1
         g = torch.empty(n_pairs, k, dtype=latents.dtype, device=latents.device)  # row r: pair by_text[r]
         # Every text with the same number of pairs (a t2i rerank: k each): a chunk's gather is one
         # torch.gather over its (c, d1) mask rows, measured 1.8x faster than index_select into the
         # flat mask (1.16 vs 2.1 s for 5k x 25k rerank@100; docs/findings.md, "Where the t2i
-        # rerank's time goes").
+        # rerank's time goes"). Other layouts index the flat mask.
         width = n_pairs // max(1, len(texts))
         uniform = width > 0 and text_starts == list(range(0, n_pairs + 1, width))
-        text_list = texts.tolist()
+        if uniform:
+            text_list = texts.tolist()
+        else:
+            m_flat = masks.reshape(-1)
+            # int32 offsets when they fit: index_select then moves half the index bytes (measured
+            # 3x faster than int64 advanced indexing on a 25k x 16k mask).
+            off_type = torch.int32 if m_flat.numel() < 2**31 else torch.int64
+            idx_off, row_off = idx.to(off_type), texts.to(off_type) * d1
         for j0 in range(0, len(texts), c_txt):
             j1 = min(j0 + c_txt, len(texts))
             r0, r1 = text_starts[j0], text_starts[j1]
