@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
 import pytest
 
 from vlctl.embeddings.search import refine_exact, top_positions
-from vlctl.embeddings.tuning import NPROBE_STEPS, REFINE_STEPS, exact_neighbours, grid
+from vlctl.embeddings.tuning import NPROBE_STEPS, REFINE_STEPS, _time_points, exact_neighbours, grid
 from vlctl.index import IndexConfig, create_gallery, open_gallery
 
 ENC = "test-encoder@0123456789abcdef"
@@ -59,6 +60,20 @@ def test_top_positions_is_the_stable_argsort_prefix():
         if trial % 5 == 0:
             s[:, :2] = -np.inf
         np.testing.assert_array_equal(top_positions(s, k), np.argsort(-s, axis=1, kind="stable")[:, :k])
+
+
+def test_time_points_gives_each_point_every_query_and_never_the_last_points_query():
+    """Each point is timed on every sample query `rounds` times, and within a turn no point searches
+    the query the point before it just searched (whose candidate rows would still be in cache)."""
+    q = np.arange(10, dtype=np.float32)[:, None] * np.ones((1, 4), np.float32)  # row j holds j
+    points = [(1, 5, 0.9), (2, 5, 0.95), (4, 8, 0.99)]
+    calls = []
+    lat = _time_points(points, q, 10, lambda row, k, p, r: calls.append((p, int(row[0, 0]))), rounds=2)
+    assert len(lat) == 3 and all(t >= 0 for t in lat)
+    for p, _, _ in points:
+        assert sorted(j for pp, j in calls if pp == p) == sorted(list(range(10)) * 2)
+    turns = [calls[t : t + 3] for t in range(0, len(calls), 3)]
+    assert all(a[1] != b[1] for turn in turns for a, b in itertools.pairwise(turn))
 
 
 def test_exact_neighbours_hold_each_query_out():

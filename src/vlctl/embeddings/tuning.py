@@ -17,7 +17,8 @@ take the cheapest. Here:
   is scored from one search.
 - Cheapest: for each refine the smallest nprobe reaching the target (recall grows with nprobe);
   among those frontier points the lowest measured single-query latency of the store's own search
-  path (median over the sample queries, points timed in turn); points within 10% of it count as
+  path (median over the sample queries, points timed in turn, each on a query whose candidate rows
+  are not in cache from the point before it); points within 10% of it count as
   ties (timing noise), broken by the bytes a query reads (PQ codes scanned + rows re-scored). If no
   setting reaches the target, the one of highest recall (then the cheapest) is kept and `reached`
   says so.
@@ -146,12 +147,22 @@ def tune_ivfpq(
 
 
 def _time_points(points: list, q: np.ndarray, k: int, search: Callable, rounds: int = 3) -> list[float]:
-    """Median single-query latency (ms) of each (nprobe, refine) point, points timed in turn per
-    query so load from other processes hits them alike."""
-    times = np.zeros((len(points), rounds * len(q)))
-    for j in range(rounds * len(q)):
-        row = q[j % len(q)][None]
+    """Median single-query latency (ms) of each (nprobe, refine) point over `rounds` passes of the
+    sample queries `q`.
+
+    Points are timed in turn, so load from other processes hits them alike, but at each turn each
+    point searches a different query: point i takes query (j + i * stride) mod m at turn j. Timing
+    every point on the same query made each point after the first read the candidate rows the one
+    before had just brought into cache: on 1M x 512 rows the first point measured 1.5x slower than
+    it runs on a fresh query, and the tuning picked nprobe 1 / refine 150 at 0.35 ms, which served
+    test queries at 0.62 ms, slower than nprobe 2 / refine 75. With the stride, m searches (of other
+    queries) pass between two searches of one query, as for queries a server has not seen."""
+    m = len(q)
+    stride = max(1, m // max(1, len(points)))
+    times = np.zeros((len(points), rounds * m))
+    for j in range(rounds * m):
         for i, (p, r, _) in enumerate(points):
+            row = q[(j + i * stride) % m][None]
             t0 = time.perf_counter()
             search(row, k, p, r)
             times[i, j] = time.perf_counter() - t0
