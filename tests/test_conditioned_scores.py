@@ -167,3 +167,34 @@ def test_pair_scores_of_no_pairs_is_empty_for_every_method():
     none = torch.zeros(0, dtype=torch.long)
     for method in PAIR_METHODS:
         assert pair_scores(latents, masks, decoder, b_pre, text, none, none, support=K, method=method).shape == (0,)
+
+
+def test_pair_scores_embed_in_worker_threads_equals_one_thread_and_keeps_the_modes():
+    """pass 2 over image ranges in Python threads (several intra-op threads) gives exactly the
+    one-thread scores, runs under the caller's inference mode and no-grad (both per thread), and
+    leaves the intra-op thread count as it was."""
+    from vlctl.methods.tevi_scoring import pair_scores
+
+    latents, masks, decoder, b_pre, text = _inputs(torch.float32, seed=6)
+    decoder.requires_grad_(True)  # as a learned decoder is: no graph may be built under no_grad / inference
+    g = torch.Generator().manual_seed(3)
+    image_idx = torch.randint(0, P, (200,), generator=g)
+    text_idx = torch.randint(0, len(text), (200,), generator=g)
+    outer = torch.get_num_threads()
+    got = {}
+    try:
+        for threads, mode in ((1, torch.no_grad), (3, torch.no_grad), (3, torch.inference_mode)):
+            torch.set_num_threads(threads)
+            with mode():
+                got[threads, mode] = pair_scores(latents, masks, decoder, b_pre, text, image_idx, text_idx,
+                                                 support=K, method="embed")
+            assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(outer)
+    ref = got[1, torch.no_grad]
+    assert not ref.requires_grad
+    for out in got.values():
+        assert torch.equal(out, ref)
+    with torch.no_grad():
+        full = _naive(latents, masks, decoder, b_pre, text)
+    torch.testing.assert_close(ref, full[image_idx, text_idx], rtol=1e-5, atol=1e-5)

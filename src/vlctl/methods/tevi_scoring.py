@@ -18,7 +18,9 @@ nothing of the estimator, its files or the training loop.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import torch
@@ -34,6 +36,8 @@ BLOCK_ELEMENTS = 1 << 26
 GRAM_ELEMENTS = 1 << 18
 # Support rows per block of the no-autograd path's half-symmetric quadratic form (`_sparse_fast`).
 SYM_ROWS = 32
+# Most Python threads `pair_scores` "embed" splits its per-image loop over on a CPU (`_image_ranges_in_threads`).
+MAX_PAIR_THREADS = 4
 
 
 def conditioned_scores(
@@ -408,14 +412,18 @@ def pair_scores(
         # indexing and cosine_similarity at these sizes.
         t_used, q_img = t_hat[texts], qi[by_image]
         score = torch.empty(n_pairs, dtype=latents.dtype, device=latents.device)  # image order
+
         # One image at a time: batching groups of images into padded bmm calls measured 1.2x slower
         # (at ~500 pairs per image the per-image GEMM is already large enough).
-        for i in range(len(images)):
-            s0, s1 = img_starts[i], img_starts[i + 1]
-            dec = decoder.index_select(0, idx[i]).mul_(vals[i][:, None])  # (K, d)
-            e = torch.addmm(b_pre, g.index_select(0, pos[s0:s1]), dec)  # (n_i, d)
-            num = t_used.index_select(0, q_img[s0:s1]).mul_(e).sum(1)
-            torch.div(num, torch.linalg.vector_norm(e, dim=1).clamp_min_(1e-12), out=score[s0:s1])
+        def score_images(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                s0, s1 = img_starts[i], img_starts[i + 1]
+                dec = decoder.index_select(0, idx[i]).mul_(vals[i][:, None])  # (K, d)
+                e = torch.addmm(b_pre, g.index_select(0, pos[s0:s1]), dec)  # (n_i, d)
+                num = t_used.index_select(0, q_img[s0:s1]).mul_(e).sum(1)
+                torch.div(num, torch.linalg.vector_norm(e, dim=1).clamp_min_(1e-12), out=score[s0:s1])
+
+        _image_ranges_in_threads(score_images, img_starts, latents.device)
         out = torch.empty(n_pairs, dtype=latents.dtype, device=latents.device)
         out[by_image] = score
         return out
@@ -456,6 +464,38 @@ def pair_scores(
     out = torch.empty(n_pairs, dtype=latents.dtype, device=latents.device)
     out[by_text] = num / sq.clamp_min(1e-24).sqrt()
     return out
+
+
+def _image_ranges_in_threads(fn: Callable[[int, int], None], starts: list[int], device: torch.device) -> None:
+    """fn(lo, hi) over images 0..n-1 (`starts`: n + 1 pair offsets), split on a CPU into up to
+    `torch.get_num_threads()` (at most MAX_PAIR_THREADS) ranges of about equal pairs, each run in
+    its own Python thread with one intra-op thread; fn(0, n) in this thread otherwise (one thread,
+    or a GPU, whose kernels run asynchronously anyway).
+
+    Why: the per-image loop is small ops (a (K, d) gather, a (n_i, K) x (K, d) GEMM, a dot and a
+    norm), and each op split over the intra-op threads pays their wake-up (OMP_WAIT_POLICY=PASSIVE).
+    Ranges in their own threads keep every core busy instead: 5k x 25k rerank@100 on 2 cores,
+    pass 2 in 3.3-3.6 s vs 4.1-4.6 s (docs/findings.md, "Where the t2i rerank's time goes"). Each
+    range writes its own slice of the output; the intra-op thread count is restored afterwards."""
+    n = len(starts) - 1
+    outer = torch.get_num_threads()
+    n_threads = min(outer, MAX_PAIR_THREADS, n)
+    if device.type != "cpu" or n_threads < 2:
+        fn(0, n)
+        return
+    cuts = [0, *(bisect.bisect_left(starts, starts[-1] * t // n_threads) for t in range(1, n_threads)), n]
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()  # both are per thread
+
+    def one_range(lo: int, hi: int) -> None:
+        torch.set_num_threads(1)  # this thread's OpenMP team; MKL's is thread-local too
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            fn(lo, hi)
+
+    try:
+        with ThreadPoolExecutor(n_threads) as pool:
+            list(pool.map(one_range, cuts[:-1], cuts[1:]))  # list(): re-raises a range's exception here
+    finally:
+        torch.set_num_threads(outer)
 
 
 def rerank_conditioned(
