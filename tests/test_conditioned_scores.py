@@ -198,3 +198,23 @@ def test_pair_scores_embed_in_worker_threads_equals_one_thread_and_keeps_the_mod
     with torch.no_grad():
         full = _naive(latents, masks, decoder, b_pre, text)
     torch.testing.assert_close(ref, full[image_idx, text_idx], rtol=1e-5, atol=1e-5)
+
+
+def test_conditioned_scores_in_worker_threads_equals_one_thread():
+    """The no-autograd sparse path's image chunks in Python threads: exactly the one-thread scores,
+    under no_grad and inference mode, with a learned (requires_grad) decoder."""
+    latents, masks, decoder, b_pre, text = _inputs(torch.float32, seed=7)
+    decoder.requires_grad_(True)
+    outer = torch.get_num_threads()
+    got = []
+    try:
+        for threads, mode in ((1, torch.no_grad), (3, torch.no_grad), (3, torch.inference_mode)):
+            torch.set_num_threads(threads)
+            with mode():
+                got.append(conditioned_scores(latents, masks, decoder, b_pre, text, chunk_size=(1, 2), k=K,
+                                              method="sparse"))
+    finally:
+        torch.set_num_threads(outer)
+    assert all(torch.equal(g, got[0]) for g in got)
+    with torch.no_grad():
+        torch.testing.assert_close(got[0], _naive(latents, masks, decoder, b_pre, text), rtol=1e-5, atol=1e-5)

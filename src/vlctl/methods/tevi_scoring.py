@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -36,7 +37,7 @@ BLOCK_ELEMENTS = 1 << 26
 GRAM_ELEMENTS = 1 << 18
 # Support rows per block of the no-autograd path's half-symmetric quadratic form (`_sparse_fast`).
 SYM_ROWS = 32
-# Most Python threads `pair_scores` "embed" splits its per-image loop over on a CPU (`_image_ranges_in_threads`).
+# Most Python threads a per-image loop is split over on a CPU (`_ranges_in_threads`).
 MAX_PAIR_THREADS = 4
 
 
@@ -155,7 +156,9 @@ def _sparse_fast(idx, vals, masks, decoder, t_hat, consts, c_img, c_txt):
     rows, so block row i is one (c, rows, K - lo_i) x (c, K - lo_i, m) GEMM over the trailing rows
     of M: (B + 1) / 2B of the K² multiply-adds for B blocks (62.5% at K=128, 32-row blocks), and the
     Gram blocks are made the same way. Each image chunk writes into preallocated buffers (fresh
-    (c, K, m) tensors per chunk measured slower: page faults and cache misses).
+    (c, K, m) tensors per chunk measured slower: page faults and cache misses). A text chunk's
+    image chunks run in ranges, one per Python thread (`_ranges_in_threads`: 5k x 25k 31.7 s vs
+    37.2 s, 2k x 2k 1.41 vs 1.59 s, on 2 cores).
     Loops: image blocks of up to `big` images (their blocks of A_p kept: about big·K²/2 elements),
     then text chunks, then image chunks: a text chunk's (d1, m) masks are read by every image of
     the block while they are in cache (images-outer re-read the whole mask per image chunk)."""
@@ -181,7 +184,6 @@ def _sparse_fast(idx, vals, masks, decoder, t_hat, consts, c_img, c_txt):
         w_b = 2 * vals_b * wb[idx_b]  # (nb, K): w_p
         for j0 in range(0, Q, c_txt):
             j1 = min(j0 + c_txt, Q)
-            m = j1 - j0
             m_blk = masks[j0:j1].T.contiguous()  # (d1, m): a gather reads contiguous rows
             mu_blk = (decoder @ t_hat[j0:j1].T).mul_(m_blk)  # m_q ⊙ u_q, u_q = W_D t̂_q
             # The two terms linear in M as weighted sums of K table rows (embedding_bag: as fast as a
@@ -189,21 +191,32 @@ def _sparse_fast(idx, vals, masks, decoder, t_hat, consts, c_img, c_txt):
             # (apart from the GEMMs, whose bias it was: copying a broadcast bias into the output cost a pass).
             num_b = F.embedding_bag(idx_b, mu_blk, per_sample_weights=vals_b, mode="sum").add_(tb[j0:j1])
             lin_b = F.embedding_bag(idx_b, m_blk, per_sample_weights=w_b, mode="sum").add_(bb)
-            mm = vals.new_empty((c_img * k, m))
-            r_buf = [vals.new_empty((c_img, hi - lo, m)) for lo, hi in blocks]
-            sq_buf, part_buf = vals.new_empty((c_img, m)), vals.new_empty((c_img, m))
-            for i0 in range(0, nb, c_img):
-                i1 = min(i0 + c_img, nb)
-                c = i1 - i0
-                g = torch.index_select(m_blk, 0, idx_b[i0:i1].reshape(-1), out=mm[: c * k]).view(c, k, m)  # M
-                sq, part = sq_buf[:c], part_buf[:c]
-                for n, ((lo, hi), a) in enumerate(zip(blocks, a_blk)):
-                    r = torch.bmm(a[i0:i1], g[:, lo:], out=r_buf[n][:c])  # A'_i M
-                    torch.sum(r.mul_(g[:, lo:hi]), 1, out=sq if n == 0 else part)
-                    sq += lin_b[i0:i1] if n == 0 else part
-                # Rounding can leave a tiny negative value for an edited embedding of (almost) zero length.
-                torch.div(num_b[i0:i1], sq.clamp_min_(1e-24).sqrt_(), out=out[b0 + i0 : b0 + i1, j0:j1])
+            chunk_starts = [*range(0, nb, c_img), nb]  # image offsets of the image chunks
+            fn = partial(_quadratic_form_chunks, starts=chunk_starts, blocks=blocks, a_blk=a_blk, idx_b=idx_b,
+                         m_blk=m_blk, num_b=num_b, lin_b=lin_b, out=out[b0 : b0 + nb, j0:j1])
+            _ranges_in_threads(fn, chunk_starts, vals.device)
     return out
+
+
+def _quadratic_form_chunks(first, last, starts, blocks, a_blk, idx_b, m_blk, num_b, lin_b, out):
+    """`_sparse_fast`'s inner loop for image chunks first..last-1 (images starts[i]..starts[i + 1])
+    of one image block and one text chunk of m texts, into `out` (the block's (nb, m) scores), with
+    buffers of its own (each range of `_ranges_in_threads` runs one)."""
+    k, m = idx_b.shape[1], m_blk.shape[1]
+    c_max = max(b - a for a, b in zip(starts[first:last], starts[first + 1 : last + 1]))
+    mm = m_blk.new_empty((c_max * k, m))
+    r_buf = [m_blk.new_empty((c_max, hi - lo, m)) for lo, hi in blocks]
+    sq_buf, part_buf = m_blk.new_empty((c_max, m)), m_blk.new_empty((c_max, m))
+    for i0, i1 in zip(starts[first:last], starts[first + 1 : last + 1]):
+        c = i1 - i0
+        g = torch.index_select(m_blk, 0, idx_b[i0:i1].reshape(-1), out=mm[: c * k]).view(c, k, m)  # M
+        sq, part = sq_buf[:c], part_buf[:c]
+        for n, ((lo, hi), a) in enumerate(zip(blocks, a_blk)):
+            r = torch.bmm(a[i0:i1], g[:, lo:], out=r_buf[n][:c])  # A'_i M
+            torch.sum(r.mul_(g[:, lo:hi]), 1, out=sq if n == 0 else part)
+            sq += lin_b[i0:i1] if n == 0 else part
+        # Rounding can leave a tiny negative value for an edited embedding of (almost) zero length.
+        torch.div(num_b[i0:i1], sq.clamp_min_(1e-24).sqrt_(), out=out[i0:i1])
 
 
 def _sparse_tracked(idx, vals, masks, decoder, t_hat, consts, c_img, c_txt):
@@ -423,7 +436,7 @@ def pair_scores(
                 num = t_used.index_select(0, q_img[s0:s1]).mul_(e).sum(1)
                 torch.div(num, torch.linalg.vector_norm(e, dim=1).clamp_min_(1e-12), out=score[s0:s1])
 
-        _image_ranges_in_threads(score_images, img_starts, latents.device)
+        _ranges_in_threads(score_images, img_starts, latents.device)
         out = torch.empty(n_pairs, dtype=latents.dtype, device=latents.device)
         out[by_image] = score
         return out
@@ -466,17 +479,19 @@ def pair_scores(
     return out
 
 
-def _image_ranges_in_threads(fn: Callable[[int, int], None], starts: list[int], device: torch.device) -> None:
-    """fn(lo, hi) over images 0..n-1 (`starts`: n + 1 pair offsets), split on a CPU into up to
-    `torch.get_num_threads()` (at most MAX_PAIR_THREADS) ranges of about equal pairs, each run in
-    its own Python thread with one intra-op thread; fn(0, n) in this thread otherwise (one thread,
-    or a GPU, whose kernels run asynchronously anyway).
+def _ranges_in_threads(fn: Callable[[int, int], None], starts: list[int], device: torch.device) -> None:
+    """fn(lo, hi) over units 0..n-1 (images, or chunks of images; `starts`: n + 1 offsets of their
+    work, e.g. pairs), split on a CPU into up to `torch.get_num_threads()` (at most
+    MAX_PAIR_THREADS) ranges of about equal work, each run in its own Python thread with one
+    intra-op thread; fn(0, n) in this thread otherwise (one thread, or a GPU, whose kernels run
+    asynchronously anyway).
 
-    Why: the per-image loop is small ops (a (K, d) gather, a (n_i, K) x (K, d) GEMM, a dot and a
-    norm), and each op split over the intra-op threads pays their wake-up (OMP_WAIT_POLICY=PASSIVE).
-    Ranges in their own threads keep every core busy instead: 5k x 25k rerank@100 on 2 cores,
-    pass 2 in 3.3-3.6 s vs 4.1-4.6 s (docs/findings.md, "Where the t2i rerank's time goes"). Each
-    range writes its own slice of the output; the intra-op thread count is restored afterwards."""
+    Why: a per-image loop is small ops (`pair_scores`: a (K, d) gather, a (n_i, K) x (K, d) GEMM,
+    a dot and a norm; `conditioned_scores`: a gather and a few bmm per chunk of 8 images), and each
+    op split over the intra-op threads pays their wake-up (OMP_WAIT_POLICY=PASSIVE). Ranges in
+    their own threads keep every core busy instead: 5k x 25k rerank@100 on 2 cores, pass 2 in
+    3.3-3.6 s vs 4.1-4.6 s (docs/findings.md, "Where the t2i rerank's time goes"). Each range
+    writes its own slice of the output; the intra-op thread count is restored afterwards."""
     n = len(starts) - 1
     outer = torch.get_num_threads()
     n_threads = min(outer, MAX_PAIR_THREADS, n)
