@@ -60,6 +60,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(_HERE))  # benchmarks/run.py and index_bench.py
 
 ROWS: list[dict] = []
+BENCH_ORDER = ["sae", "retrieval", "index", "hilacam", "extract", "tevi"]  # the benches, in the order they run
 CURRENT = {"bench": ""}  # the bench producing rows now (settings["bench"]: a partial run replaces only its own)
 NOT_RUNNABLE = {
     "autofaiss": "only autofaiss 1.10.0 resolves beside numpy 2 (newer releases pin numpy<2 or an old fsspec), "
@@ -488,15 +489,6 @@ INDEX_NOT_RUN = ("HNSW32 and OPQ64,IVF,PQ64 are not built: on 2 cores an HNSW gr
                  "the string FAISS's guidelines give for 1M vectors with exact re-ranking, the same design as vlctl's")
 
 
-def _single_query_ms(search, queries: np.ndarray) -> list[float]:
-    out = []
-    for i in range(len(queries)):
-        t = time.perf_counter()
-        search(queries[i : i + 1])
-        out.append(1000 * (time.perf_counter() - t))
-    return out
-
-
 def index_child(kind: str, work: Path, k: int, nlist: int, target_recall: float | None) -> dict:
     """One index build and its measurements, in its own process (so VmHWM is its own). Builds use
     both cores (faiss OpenMP 2, the same for both sides); every search runs on 1 thread."""
@@ -511,7 +503,12 @@ def index_child(kind: str, work: Path, k: int, nlist: int, target_recall: float 
         args = argparse.Namespace(k=k, nlist=nlist, pq_m=64, nprobe=32, refine=INDEX_REFINE_CAP, ef_search=64, threads=1,
                                   build_threads=2, target_recall=INDEX_TARGET_RECALL)
         return index_bench.run_one("ivfpq", work / "data.npy", work / "queries.npy", work / "truth.npy", work, args)
+    from vlctl.index import open_gallery
+
     ours = json.loads((work / "vlctl.json").read_text())
+    # vlctl's gallery, built by the other child, is timed here too: each test query on vlctl right
+    # after FAISS, so both latencies of a row share this process and every moment of the host's load.
+    gallery = open_gallery(work / "ivfpq")
     data = np.load(work / "data.npy", mmap_mode="r")
     queries, truth = np.load(work / "queries.npy"), np.load(work / "truth.npy")
     tune_q, tune_truth = np.load(work / "tune_queries.npy"), np.load(work / "tune_truth.npy")
@@ -578,21 +575,25 @@ def index_child(kind: str, work: Path, k: int, nlist: int, target_recall: float 
 
     def measure(key: str, tuned_recall: float | None = None, tuned_p50: float | None = None) -> dict:
         ps.set_index_parameters(index, key)
-        for j in range(len(queries)):  # one untimed pass, as vlctl's side has (index_bench.run_one)
+        for j in range(len(queries)):  # one untimed pass of each side, as index_bench.run_one has
             index.search(queries[j : j + 1], k)
+            gallery.search(queries[j : j + 1], k=k)
         ids = np.empty((len(queries), k), np.int64)
-
-        def one(q):
-            ids[one.i] = index.search(q, k)[1][0]
-            one.i += 1
-
-        one.i = 0
-        ms = _single_query_ms(one, queries)
+        ms, ms_vl = np.zeros(len(queries)), np.zeros(len(queries))
+        for j in range(len(queries)):
+            q = queries[j : j + 1]
+            t = time.perf_counter()
+            ids[j] = index.search(q, k)[1][0]
+            t1 = time.perf_counter()
+            gallery.search(q, k=k)
+            ms[j], ms_vl[j] = 1000 * (t1 - t), 1000 * (time.perf_counter() - t1)
         recall = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ids, truth)]))
         tuned = {} if tuned_recall is None else {"tuned_recall": round(tuned_recall, 4), "tuned_p50_ms": round(tuned_p50, 4)}
         return {"params": key, **tuned,
                 "latency_ms_p50": round(float(np.percentile(ms, 50)), 4),
-                "latency_ms_p99": round(float(np.percentile(ms, 99)), 4), f"recall@{k}": round(recall, 4)}
+                "latency_ms_p99": round(float(np.percentile(ms, 99)), 4), f"recall@{k}": round(recall, 4),
+                "vlctl_interleaved": {"latency_ms_p50": round(float(np.percentile(ms_vl, 50)), 4),
+                                      "latency_ms_p99": round(float(np.percentile(ms_vl, 99)), 4)}}
 
     buf = faiss.serialize_index(index)
     return {"kind": kind, "build_s": round(build_s, 2), "index_bytes": int(buf.size), "peak_rss_mb": _vmhwm_mb(),
@@ -657,9 +658,22 @@ def bench_index(quick: bool, n: int | None) -> None:
     }
     # FAISS doing vlctl's tuned work (the same nprobe, k * refine candidates re-ranked): the two
     # implementations of one search, apart from whose tuning picked it.
-    settings["faiss_at_vlctl_settings"] = theirs["at_vlctl_settings"]
+    settings["faiss_at_vlctl_settings"] = {k_: v for k_, v in theirs["at_vlctl_settings"].items()
+                                           if k_ != "vlctl_interleaved"}
+    settings["latency_timing"] = ("the test queries in turn, each on FAISS and then on vlctl's gallery, in FAISS's "
+                                  "process; vlctl's own-process figures (index_bench.run_one) are kept beside")
     eq_r, eq_l = theirs["equal_recall"], theirs["equal_latency"]
-    ratio = eq_r["latency_ms_p50"] / ours["latency_ms_p50"]
+
+    def beside(m: dict) -> tuple[dict, dict]:
+        """(vlctl's figures with its latency as timed query by query beside this FAISS measurement,
+        FAISS's figures): the latency ratios compare those two, timed in the same process."""
+        m = dict(m)
+        inter = m.pop("vlctl_interleaved")
+        return {**vl, **inter, "latency_ms_p50_own_process": ours["latency_ms_p50"],
+                "latency_ms_p99_own_process": ours["latency_ms_p99"]}, m
+
+    vl_r, eq_r = beside(eq_r)
+    ratio = eq_r["latency_ms_p50"] / vl_r["latency_ms_p50"]
     same = eq_r[rk] >= ours[rk] - 0.005
     why = ""
     if not same and eq_r.get("tuned_recall", 0) < ours[rk] - 0.005:
@@ -673,21 +687,23 @@ def bench_index(quick: bool, n: int | None) -> None:
     elif ratio < 1:
         why = (f"at the same recall FAISS's C++ search ({eq_r['params']}) is faster per query: vlctl's search adds "
                "its Python input checks and reads the candidate rows from the memory-mapped shard")
-    row("index: single-query latency at equal recall@10 (p50)", vl, {**peer, **eq_r}, ratio,
+    row("index: single-query latency at equal recall@10 (p50)", vl_r, {**peer, **eq_r}, ratio,
         {**settings, "faiss_reaches_vlctl_recall": same}, why)
+    vl_l, eq_l = beside(eq_l)
     ratio = ours[rk] / max(eq_l[rk], 1e-9)
-    why = "" if ratio >= 1 else (f"within vlctl's p50 of {ours['latency_ms_p50']} ms FAISS ({eq_l['params']}) "
+    why = "" if ratio >= 1 else (f"within vlctl's p50 of {vl_l['latency_ms_p50']} ms FAISS ({eq_l['params']}) "
                                  "re-ranks more candidates: its refine stage is C++ over an in-memory copy")
-    row("index: recall@10 at equal single-query latency (vlctl recall / FAISS recall)", vl, {**peer, **eq_l}, ratio,
-        {**settings, "faiss_p50_within_vlctl_p50": eq_l["latency_ms_p50"] <= ours["latency_ms_p50"]}, why)
+    row("index: recall@10 at equal single-query latency (vlctl recall / FAISS recall)", vl_l, {**peer, **eq_l}, ratio,
+        {**settings, "faiss_p50_within_vlctl_p50": eq_l["latency_ms_p50"] <= vl_l["latency_ms_p50"]}, why)
     same_work = theirs["at_vlctl_settings"]
     if same_work:
-        ratio = same_work["latency_ms_p50"] / ours["latency_ms_p50"]
+        vl_s, same_work = beside(same_work)
+        ratio = same_work["latency_ms_p50"] / vl_s["latency_ms_p50"]
         why = "" if ratio >= 1 else (
             "the same search (nprobe, k * refine candidates) in FAISS's C++: its refine reads a 2 GB in-memory copy "
             "of the vectors, vlctl's the store's memory-mapped shard, and vlctl's Python search path (input checks, "
             "normalising the query) adds some microseconds per query")
-        row("index: single-query latency at vlctl's tuned settings (the same work)", vl, {**peer, **same_work},
+        row("index: single-query latency at vlctl's tuned settings (the same work)", vl_s, {**peer, **same_work},
             ratio, settings, why)
     row("index (autofaiss)", {}, {"name": "autofaiss"}, None, {}, NOT_RUNNABLE["autofaiss"])
 
@@ -1006,8 +1022,7 @@ def markdown(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes: a smoke run of every row in a few minutes")
-    ap.add_argument("--only", nargs="+", default=None, choices=["sae", "retrieval", "index", "hilacam", "extract",
-                                                                "tevi"])
+    ap.add_argument("--only", nargs="+", default=None, choices=BENCH_ORDER)
     ap.add_argument("--out", default=str(_HERE / "peers.json"))
     ap.add_argument("--markdown", default=None, help="also write the rows as a Markdown table to this file")
     ap.add_argument("--index-n", type=int, default=None, help="index row: vectors (default 1,000,000; quick 100,000)")
@@ -1054,7 +1069,8 @@ def write_rows(out: Path, timings: dict, quick: bool, total_s: float) -> None:
                             "quick": quick, "row_seconds": row_seconds, "total_seconds": round(sum(row_seconds.values()), 1),
                             "this_run_seconds": round(total_s, 1), "load_average_at_write": os.getloadavg(),
                             "sae_fit_check": SAE_FIT or (prev["settings"].get("sae_fit_check") if prev else {})}}
-    rows = [machine, *kept, *ROWS]
+    # In the benches' own order, whichever run measured them.
+    rows = [machine, *sorted([*kept, *ROWS], key=lambda r: BENCH_ORDER.index(r.get("settings", {}).get("bench", "tevi")))]
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(rows, indent=2) + "\n")
     tmp.replace(out)
