@@ -102,10 +102,58 @@ def test_open_clip_matches_open_clip_itself(oc_vit):
     assert torch.equal(tokens, open_clip.get_tokenizer(TINY_VIT)(texts))
     with torch.no_grad():
         ref_t = oc_vit.model.encode_text(tokens, normalize=True)
-    assert torch.equal(oc_vit.encode_texts(tokens), ref_t)
+    # Equal up to rounding: encode_texts runs the causal tower on the positions up to the last
+    # end-of-text token only (the next test).
+    assert torch.allclose(oc_vit.encode_texts(tokens), ref_t, atol=1e-6)
     oc_vit.batch_size = 2  # chunking does not change the result
     assert torch.allclose(oc_vit.encode_images(x), ref, atol=1e-6)
     oc_vit.batch_size = 256
+
+
+def test_open_clip_text_tower_runs_only_up_to_the_batchs_last_end_of_text(oc_vit):
+    from vlctl.encoders.open_clip_encoder import causal_text_prefix
+
+    model = oc_vit.model
+    texts = ["a cat", "two dogs on a red sofa next to a window", "a very " + "long " * 90 + "caption"]
+    tokens = oc_vit.tokenize(texts[:2])
+    used = causal_text_prefix(model, tokens)
+    assert used == int(tokens.argmax(-1).max()) + 1 < tokens.shape[1]  # the second text's end-of-text + 1
+    seen = []
+    hook = model.transformer.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]))
+    try:
+        got = oc_vit.encode_texts(tokens)
+    finally:
+        hook.remove()
+    assert seen == [used]  # the padding after the last end-of-text token never ran
+    with torch.no_grad():
+        ref = model.encode_text(tokens, normalize=True)  # open_clip on all 77 positions
+    assert torch.allclose(got, ref, atol=1e-6)
+    oc_vit.batch_size = 1  # each text on its own prefix: the same embeddings
+    assert torch.allclose(oc_vit.encode_texts(tokens), ref, atol=1e-6)
+    # More texts than a batch: batched by length (each batch cut to its own longest), returned in order.
+    mixed = oc_vit.tokenize(["a dog and a cat on a sofa by the window", "a cat", "a red car parked", "sky"])
+    with torch.no_grad():
+        ref_mixed = model.encode_text(mixed, normalize=True)
+    oc_vit.batch_size = 2
+    seen.clear()
+    hook = model.transformer.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[1]))
+    try:
+        got_mixed = oc_vit.encode_texts(mixed)
+    finally:
+        hook.remove()
+        oc_vit.batch_size = 256
+    assert torch.allclose(got_mixed, ref_mixed, atol=1e-6)
+    ends = sorted(mixed.argmax(-1).tolist())
+    assert seen == [ends[1] + 1, ends[3] + 1]  # the two shortest together, then the two longest
+    # A text that fills the context (truncated by the tokenizer) leaves nothing to cut.
+    assert causal_text_prefix(model, oc_vit.tokenize(texts)) is None
+    # A bidirectional tower (SigLIP-style: no causal mask, last-token pool) attends to the padding: never cut.
+    torch.manual_seed(0)
+    sig = create(f"open_clip:{TINY_SIGVIT}")
+    sig_tokens = sig.tokenize(texts[:2])
+    assert causal_text_prefix(sig.model, sig_tokens) is None
+    with torch.no_grad():
+        assert torch.allclose(sig.encode_texts(sig_tokens), sig.model.encode_text(sig_tokens, normalize=True), atol=1e-6)
 
 
 def test_open_clip_attentions_are_the_models_own(oc_vit):
