@@ -305,6 +305,26 @@ def test_hf_encoder_matches_transformers(kind, dim, tokens_per_image, tmp_path):
     with torch.no_grad():
         ref_t = F.normalize(enc.model.get_text_features(input_ids=tokens).pooler_output, dim=-1)
     assert torch.allclose(enc.encode_texts(tokens), ref_t, atol=1e-6)
+    # CLIP's causal tower runs each batch only up to its last end-of-text token, texts batched by
+    # length; SigLIP's attends to every position and always runs all of them.
+    mixed = enc.tokenize(["a photo of a cat on a red sofa", "a dog", "two small birds", "a car"])
+    with torch.no_grad():
+        ref_m = F.normalize(enc.model.get_text_features(input_ids=mixed).pooler_output, dim=-1)
+    seen, batch_size = [], enc.batch_size
+    hook = enc.model.text_model.encoder.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(kw["inputs_embeds"].shape[1]), with_kwargs=True)
+    enc.batch_size = 2
+    try:
+        got = enc.encode_texts(mixed)
+    finally:
+        hook.remove()
+        enc.batch_size = batch_size
+    assert torch.allclose(got, ref_m, atol=1e-6) and len(seen) == 2
+    if kind == "clip":
+        ends = sorted(((mixed == enc.model.config.text_config.eos_token_id).int().argmax(-1)).tolist())
+        assert seen == [ends[1] + 1, ends[3] + 1] and seen[1] < mixed.shape[1]
+    else:
+        assert seen == [mixed.shape[1]] * 2
     assert create(f"hf:{path}").id == enc.id
 
 

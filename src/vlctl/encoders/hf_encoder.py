@@ -13,7 +13,8 @@ in the id: 'hf-clip/random-seed0@<hash>'.
 Model, tokenizer and image processor are loaded with transformers' Auto classes from the same
 name or directory. Texts are padded to the model's full context length: SigLIP was trained that
 way and pools the last position; for CLIP (causal, pooled at the end-of-text token) padding does
-not change the embedding, and a fixed length keeps token tensors stackable.
+not change the embedding, and a fixed length keeps token tensors stackable. CLIP's tower is then
+run on each batch's positions up to its last end-of-text token only, texts batched by length.
 
 Relevancy maps: `vision_attentions` switches the model to eager attention for that one forward
 (fused SDPA kernels never materialise the probabilities) and returns transformers' own attention
@@ -31,7 +32,13 @@ import torch
 from torch import nn
 
 from vlctl.encoders.base import FrontDoor, check_keep, eval_mode, seeded_init
-from vlctl.encoders.open_clip_encoder import autocast_for, check_precision, pil_from_array, run_batched
+from vlctl.encoders.open_clip_encoder import (
+    autocast_for,
+    check_precision,
+    pil_from_array,
+    run_batched,
+    run_batched_by_length,
+)
 from vlctl.io import VlctlError, hash_state_dict
 
 SUPPORTED_MODEL_TYPES = ("clip", "siglip", "siglip2")
@@ -140,16 +147,32 @@ class HFEncoder(FrontDoor):
         with eval_mode(self.model):
             return run_batched(fn, images, self.batch_size, self.embed_dim, self.device)
 
+    def _pooled_positions(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """(n,) the position CLIP's causal text tower pools per row, as transformers'
+        CLIPTextTransformer picks it (the first end-of-text token; the highest id for configs with
+        the old eos_token_id 2); None for SigLIP, which attends to every position and pools the last."""
+        if self.model_type != "clip":
+            return None
+        eos = self.model.config.text_config.eos_token_id
+        return tokens.argmax(-1) if eos == 2 else (tokens == eos).int().argmax(-1)
+
     def encode_texts(self, tokens: torch.Tensor, normalize: bool = True) -> torch.Tensor:
         if not torch.is_tensor(tokens):
             tokens = self.tokenize(tokens)
+        pooled = self._pooled_positions(tokens)
 
         def fn(b: torch.Tensor) -> torch.Tensor:
+            if pooled is not None:
+                # Causal: no position reads a later one, so the positions after the batch's last
+                # pooled one (padding) change nothing pooled and are not run.
+                b = b[:, : int(self._pooled_positions(b).max()) + 1]
             with autocast_for(self.device, self.precision):
                 e = self.model.get_text_features(input_ids=b).pooler_output
             return torch.nn.functional.normalize(e.float(), dim=-1) if normalize else e
 
         with eval_mode(self.model):
+            if pooled is not None:  # batches of texts of about equal length
+                return run_batched_by_length(fn, tokens, pooled, self.batch_size, self.embed_dim, self.device)
             return run_batched(fn, tokens, self.batch_size, self.embed_dim, self.device)
 
     def vision_attentions(

@@ -88,6 +88,20 @@ def run_batched(
     return torch.cat(outs) if outs else torch.zeros(0, dim, device=x.device)
 
 
+def run_batched_by_length(
+    fn: Callable[[torch.Tensor], torch.Tensor], tokens: torch.Tensor, ends: torch.Tensor, batch_size: int, dim: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """`run_batched(fn, tokens, ...)` with the rows batched in order of `ends` (n,), each row's
+    last position the text tower needs, so a causal tower cut to each batch's longest text (see
+    `encode_text_prefix`) runs about as many positions as its texts have; rows back in input order."""
+    if len(tokens) <= batch_size:
+        return run_batched(fn, tokens, batch_size, dim, device)
+    order = ends.argsort(stable=True)
+    out = run_batched(fn, tokens[order], batch_size, dim, device)
+    return torch.empty_like(out).index_copy_(0, order.to(out.device), out)
+
+
 def pil_from_array(image: np.ndarray):
     """uint8 (H, W, 3) or (H, W) array -> RGB PIL image (what open_clip / HF transforms take)."""
     from PIL import Image
@@ -322,11 +336,6 @@ class OpenCLIPEncoder(FrontDoor):
     def encode_texts(self, tokens: torch.Tensor, normalize: bool = True) -> torch.Tensor:
         if not torch.is_tensor(tokens):
             tokens = self.tokenize(tokens)
-        order = None
-        if len(tokens) > self.batch_size and is_causal_text_tower(self.model):
-            # Batches of texts of about equal length, so each runs up to its own longest text only.
-            order = tokens.argmax(dim=-1).argsort(stable=True)
-            tokens = tokens[order]
 
         def fn(b: torch.Tensor) -> torch.Tensor:
             used = causal_text_prefix(self.model, b)  # short texts: the padding after them is never run
@@ -336,10 +345,10 @@ class OpenCLIPEncoder(FrontDoor):
                 return self.model.encode_text(b, normalize=normalize)
 
         with eval_mode(self.model):
-            out = run_batched(fn, tokens, self.batch_size, self.embed_dim, self.device)
-        if order is not None:
-            out = torch.empty_like(out).index_copy_(0, order.to(out.device), out)  # back to the input's order
-        return out
+            if is_causal_text_tower(self.model):  # batches of texts of about equal length
+                return run_batched_by_length(fn, tokens, tokens.argmax(-1), self.batch_size, self.embed_dim,
+                                             self.device)
+            return run_batched(fn, tokens, self.batch_size, self.embed_dim, self.device)
 
     def vision_attentions(
         self, images: torch.Tensor, normalize: bool = True
