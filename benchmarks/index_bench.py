@@ -62,6 +62,11 @@ def exact_topk(data: np.ndarray, queries: np.ndarray, k: int, chunk: int = 200_0
     return best_i
 
 
+def recall_at_k(ids: np.ndarray, truth: np.ndarray, k: int) -> float:
+    """Mean over queries of |found ∩ true top-k| / k (rows of `ids` and `truth`)."""
+    return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ids, truth)]))
+
+
 def _proc_status_mb(field: str) -> float:
     """VmRSS / VmHWM (peak) of this process from /proc, in MB (ru_maxrss would carry the
     parent's peak across exec on Linux)."""
@@ -109,7 +114,7 @@ def run_one(kind: str, data_path: Path, queries_path: Path, truth_path: Path, wo
     t = time.perf_counter()
     gallery.search(queries, k=args.k)
     batch_s = time.perf_counter() - t
-    recall = float(np.mean([len(set(a) & set(b)) / args.k for a, b in zip(ids, truth)]))
+    recall = recall_at_k(ids, truth, args.k)
     index_file = work / kind / gallery.manifest["index"]["file"]
     return {
         "kind": kind,

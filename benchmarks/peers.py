@@ -493,11 +493,10 @@ def index_child(kind: str, work: Path, k: int, nlist: int, target_recall: float 
     """One index build and its measurements, in its own process (so VmHWM is its own). Builds use
     both cores (faiss OpenMP 2, the same for both sides); every search runs on 1 thread."""
     import faiss
+    import index_bench
 
     torch.set_num_threads(1)
     if kind == "vlctl":
-        import index_bench
-
         # nprobe / refine are the most the build's tuning may pick; it picks the cheapest setting that
         # reaches INDEX_TARGET_RECALL on its own held-out rows (vlctl.embeddings.tuning).
         args = argparse.Namespace(k=k, nlist=nlist, pq_m=64, nprobe=32, refine=INDEX_REFINE_CAP, ef_search=64, threads=1,
@@ -550,7 +549,7 @@ def index_child(kind: str, work: Path, k: int, nlist: int, target_recall: float 
     for extra in (f"k_factor_rf=128,nprobe={p}" for p in (1, 2, 4)):
         ps.set_index_parameters(index, extra)
         got = index.search(tune_q, k)[1]
-        pts.append((extra, float(np.mean([len(set(a) & set(b)) / k for a, b in zip(got, tune_truth)]))))
+        pts.append((extra, index_bench.recall_at_k(got, tune_truth, k)))
     # explore() times batched searches; the row compares single queries, so each optimal point's
     # single-query p50 is measured on the tuning queries too, points in turn (load hits all alike), each
     # on a different query at each turn, as vlctl's tuning times its points (vlctl.embeddings.tuning): on
@@ -587,7 +586,7 @@ def index_child(kind: str, work: Path, k: int, nlist: int, target_recall: float 
             t1 = time.perf_counter()
             gallery.search(q, k=k)
             ms[j], ms_vl[j] = 1000 * (t1 - t), 1000 * (time.perf_counter() - t1)
-        recall = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ids, truth)]))
+        recall = index_bench.recall_at_k(ids, truth, k)
         tuned = {} if tuned_recall is None else {"tuned_recall": round(tuned_recall, 4), "tuned_p50_ms": round(tuned_p50, 4)}
         return {"params": key, **tuned,
                 "latency_ms_p50": round(float(np.percentile(ms, 50)), 4),

@@ -33,17 +33,6 @@ HERE = Path(__file__).resolve().parent
 FIT_SEEDS, TEST_SEEDS = (2111, 2113), (2115, 2117)  # generator rounds 4-7, judged by the lead
 
 
-def auc(score: np.ndarray, bad: np.ndarray) -> float:
-    """P(score of a random bad item > score of a random good item), ties counted half: the
-    ROC-AUC of `score` as a detector of bad negatives."""
-    s_bad, s_good = score[bad], score[~bad]
-    if not len(s_bad) or not len(s_good):
-        return float("nan")
-    greater = (s_bad[:, None] > s_good[None, :]).mean()
-    ties = (s_bad[:, None] == s_good[None, :]).mean()
-    return float(greater + 0.5 * ties)
-
-
 def choose_threshold(score: np.ndarray, bad: np.ndarray, keep: float) -> float:
     """The threshold t (drop score > t) that drops the most bad items among those keeping at least
     a `keep` share of all items; ties broken toward keeping more."""
@@ -56,6 +45,13 @@ def choose_threshold(score: np.ndarray, bad: np.ndarray, keep: float) -> float:
         if dropped_bad > best_dropped:
             best_t, best_dropped = float(t), dropped_bad
     return best_t
+
+
+def auc(score: np.ndarray, bad: np.ndarray) -> float:
+    """ROC-AUC of `score` as a detector of bad negatives, as a fraction (`metrics.roc_auc` / 100)."""
+    from vlctl.eval.metrics import roc_auc
+
+    return roc_auc(score, bad) / 100.0
 
 
 def main() -> None:
