@@ -41,17 +41,22 @@ def test_failed_stage_is_not_marked_done_and_resumable_stage_resumes(tmp_path):
 
     def flaky(d, resume):
         seen.append(resume)
-        (d / "progress").write_text("half")
         if len(seen) == 1:
-            raise RuntimeError("interrupted")
+            raise RuntimeError("killed before its first checkpoint")
+        (d / "run" / "checkpoint").mkdir(parents=True, exist_ok=True)
+        (d / "run" / "checkpoint" / "state.json").write_text("{}")
+        if len(seen) == 2:
+            raise RuntimeError("interrupted after a checkpoint")
 
     import pytest
 
-    with pytest.raises(RuntimeError):
-        Runner(tmp_path).stage("train", {"k": 1}, flaky, resumable=True)
-    assert all(p.name.endswith(".partial") for p in (tmp_path / "stages").iterdir())
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            Runner(tmp_path).stage("train", {"k": 1}, flaky, resumable=True)
+        assert all(p.name.endswith(".partial") for p in (tmp_path / "stages").iterdir())
     d = Runner(tmp_path).stage("train", {"k": 1}, flaky, resumable=True)
-    assert seen == [False, True] and (d / "done.json").is_file()
+    # an empty .partial (killed before any checkpoint) starts afresh; one with a checkpoint resumes
+    assert seen == [False, False, True] and (d / "done.json").is_file()
 
 
 def test_report_renders_tables_and_figures(tmp_path):

@@ -35,6 +35,13 @@ from vlctl.recipes.shipped import SHIPPED, copy_shipped, shipped_manifest, stage
 DIST_TIMEOUT_S = 24 * 3600.0
 
 
+def has_checkpoint(partial: Path) -> bool:
+    """Whether a stage's `.partial/` holds a training checkpoint to resume: a `state.json` (the marker a
+    checkpoint writes last) under a `checkpoint*` folder, at any depth (`run/checkpoint/`, a swap's `.new`)."""
+    return partial.is_dir() and any(any(q.startswith("checkpoint") for q in p.relative_to(partial).parts[:-1])
+                                    for p in partial.rglob("state.json"))
+
+
 class Runner:
     """Stages of one recipe run. Each stage says on stderr when it starts and ends, how long it
     took, and whether it was reused from an earlier run or resumed from its checkpoint.
@@ -143,7 +150,9 @@ class Runner:
                 _say(f"stage {name}: shipped with vlctl (computed in {entry['seconds']:.0f} s; "
                      "--from-scratch recomputes it)")
             return {"kind": "shipped", "timing": {"seconds": entry["seconds"], "cached": True, "shipped": True}}
-        resume = resumable and partial.is_dir()
+        # resume only what left a checkpoint: a stage killed before its first one starts afresh (the trainers
+        # refuse to resume from nothing)
+        resume = resumable and has_checkpoint(partial)
         if not resume:
             shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True, exist_ok=True)
