@@ -273,8 +273,9 @@ def test_third_round_levels_number_and_stays_true(gen):
     # "X of Y" is one phrase; a noun the parser left outside the chunk joins it
     assert [lv["positive"] for lv in gen.tree("a small party of people eats some pizza on a table")][:2] == [
         "a small party of people", "a small party of people and some pizza"]
+    # (eighth round: a garment worn is no joined level, "a player and a catchers mitt"; the prefix keeps the unit)
     assert gen.tree("A baseball player wearing a catchers mitt on a field.")[1]["positive"] == (
-        "A baseball player and a catchers mitt")
+        "A baseball player wearing a catchers mitt")
     assert gen.tree("A motorcycle parked in front of a truck")[1]["positive"] == "A motorcycle and a truck"
     assert _replaced(gen, "A pile of broccoli sitting next to other vegetables.", "broccoli") == {"carrots"}
     assert _replaced(gen, "A man is walking a herd of sheep down a street.", "sheep") == {"cattle"}
@@ -422,7 +423,8 @@ def test_fourth_round_more_contrasts_for_frequent_words(gen):
     assert _replaced(gen, "A man kicking a ball", "kicking") == {"catching"}
     assert _replaced(gen, "A rainy street in the city", "rainy") == {"sunny"}
     assert _replaced(gen, "A plane on the runway", "runway") == {"road"}
-    assert _replaced(gen, "People at the beach", "at") == {"near"}  # a place
+    # (eighth round: a place one is at is one is near, "people near the beach" is not clearly false)
+    assert _missed(gen, "People at the beach")["at"].startswith("no false contrast for 'at beach' (a place")
     assert not _replaced(gen, "A man looking at the beach", "at")  # what one looks at
     assert not _replaced(gen, "Cars at twilight", "at")  # a time
     assert _replaced(gen, "Some elephants standing in the middle of a field", "in the middle of") == {"in the corner of"}
@@ -466,11 +468,11 @@ def test_fifth_round_joined_levels_after_a_verb_join_noun_phrases(gen):
 def test_fifth_round_prepositions_of_surfaces_boards_and_body_parts(gen):
     # a thing on a wall or a pole is near it (no contrast), a cat sitting on a wall is not
     assert _missed(gen, "A painting on the wall of a room")["on"].startswith("vertical surface")
-    assert _replaced(gen, "A cat sitting on a wall", "on") == {"near"}
+    assert _missed(gen, "A cat sitting on a wall")["on"].startswith("no false contrast")  # (eighth round: near it)
     # what one rides or surfs on: "riding waves beside a surfboard" is absurd; a place still swaps
     assert _missed(gen, "A man surfing a wave on a surfboard")["on"].startswith("what 'surfing' is done on")
     assert _missed(gen, "A boy riding on a skateboard")["on"].startswith("what 'riding' is done on")
-    assert _replaced(gen, "A man riding a horse on the beach", "on") == {"near"}
+    assert _missed(gen, "A man riding a horse on the beach")["on"].startswith("no false contrast")  # eighth round
     # people on a boat (a copula) rest on it: "beside", never "under"
     assert _replaced(gen, "People are on a boat", "on") == {"beside"}
     assert _replaced(gen, "A cake is on a plate", "on") <= {"under", "beside"}  # a thing may be under one

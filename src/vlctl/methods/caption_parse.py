@@ -6,7 +6,7 @@ replacements.
 - `word_units`: token spans that are one word for levels and negatives (WordNet compounds as "fire
   hydrant", hyphenated words as "long-haired"); `wn_compound` decides the compounds.
 - `fixed_phrases`: tokens inside a fixed phrase ("on top of", "next to").
-- `noun_phrases`: the noun chunks the tree levels are made of, as token spans.
+- (`noun_phrases`, `level_pieces`: the tree's levels, in `vlctl.methods.levels` since the eighth round.)
 - `skip_reason`: why a tree-POS token gets no negative (proper noun, copula, idiom, phrasal verb...).
 - `renderer`: a level's text with one word replaced; `caption_words`: the caption's words and lemmas.
 - from `vlctl.methods.subjects` (and importable here): `animate_subject`, `head_is_animate`, `animate_noun`.
@@ -185,70 +185,6 @@ def fixed_phrases(doc) -> dict[int, str]:
     return out
 
 
-def noun_phrases(doc, units: dict[int, tuple[int, int]]) -> list[tuple[int, int]]:
-    """Noun chunks as token spans, less bare pronouns, never cutting a unit or a compound,
-    with quantity phrases whole ("a couple of dogs", not "a couple")."""
-    spans = []
-    for c in doc.noun_chunks:
-        if len(c) == 1 and (c.root.pos_ == "PRON" or c.root.lower_ in POSITION_NOUNS):
-            continue  # "front" of "in front of a truck": "a motorcycle and front of a truck" is no phrase
-        s, e = c.start, c.end
-        s = min([s] + [units[k][0] for k in range(s, e) if k in units])
-        e = max([e] + [units[k][1] for k in range(s, e) if k in units])
-        while e < len(doc) and doc[e - 1].dep_ == "compound" and doc[e - 1].head.i >= e:
-            e = doc[e - 1].head.i + 1
-        # a noun the parser left outside ("a catchers" + "mitt"): a level must not end inside a compound
-        while (e < len(doc) and doc[e - 1].pos_ == "NOUN" and doc[e].pos_ == "NOUN" and doc[e - 1].whitespace_
-               and doc[e].lower_ not in RELATIONAL_NOUNS):
-            e += 1
-        spans.append((s, e))
-    merged: list[tuple[int, int]] = []
-    for s, e in spans:
-        prev = merged[-1] if merged else None
-        # "X of Y" is one phrase, for quantities ("a couple of dogs") and any "of" that attaches to X
-        # ("a small party of people", "sunlight of window": "a small party and people" is not English)
-        if (prev is not None and prev[1] < s and all(t.tag_ == "VBG" for t in doc[prev[1] + 1:s]) and doc[prev[1]].lower_ == "of"
-                and ((doc[prev[1] - 1].lower_ in QUANTITY_NOUNS and doc[prev[1] - 1].pos_ == "NOUN")
-                     or (prev[0] <= doc[prev[1]].head.i < prev[1] and doc[prev[1] - 1].lower_ not in RELATIONAL_NOUNS))):
-            merged[-1] = (prev[0], e)
-        elif prev is not None and s < prev[1]:
-            merged[-1] = (prev[0], max(e, prev[1]))
-        else:
-            merged.append((s, e))
-    return merged
-
-
-def level_pieces(doc, caption: str, lead: int, units, wn=None) -> list[list[tuple[int, int]]]:
-    """The tree's levels as lists of character pieces of `caption` (joined by " and " when
-    several): NP1; then for each further noun phrase, the previous level and it, and the caption
-    up to its end; last the whole caption. `lead`: the caption's leading whitespace; with `wn`, a
-    verb's object is joined with the first noun phrase, not the prefix (fifth round)."""
-    def chars(s: int, e: int) -> tuple[int, int]:
-        return lead + doc[s].idx, lead + doc[e - 1].idx + len(doc[e - 1].text)
-
-    spans = noun_phrases(doc, units)
-    for k in range(len(spans) - 1 if wn is not None else 0, 0, -1):  # never "a meat" of "a meat covered sandwich"
-        (s0, e0), (s1, e1) = spans[k - 1], spans[k]
-        if s1 == e0 + 1 and doc[e0].tag_ in ("VBN", "VBD") and doc[e0 - 1].pos_ == "NOUN" and doc[s1].pos_ != "DET":
-            spans[k - 1:k + 1] = [(s0, e1)]
-    spans = [(s, e + 1) if wn is not None and e < len(doc) and doc[e].tag_ in ("VBP", "VBZ") and doc[e - 1].dep_ == "pobj"
-             and all(t.is_punct for t in doc[e + 1:]) else (s, e) for s, e in spans]  # "under the cats chin"
-    chunks = [chars(s, e) for s, e in spans]
-    levels: list[list[tuple[int, int]]] = []
-    if chunks:
-        levels.append([chunks[0]])
-        for k, c in enumerate(chunks[1:], 1):
-            # a caption prefix that ends in a verb's object, joined: "a woman riding a bike and a basket"
-            # reads as riding a basket; the first noun phrase and the new one instead ("a woman and a basket")
-            # ... and after a verb, a preposition's object: "people walk across the street and red lights"
-            obj = wn is not None and k > 1 and (doc[spans[k - 1][1] - 1].dep_ in ("dobj", "obj") or doc[
-                spans[k][0]:spans[k][1]].root.dep_ in ("pobj", "ROOT") and any(t.pos_ == "VERB" for t in doc[spans[0][1]:spans[k - 1][1]]))
-            levels.append([chunks[0], c] if obj else levels[-1] + [c])
-            levels.append([(lead, c[1])])
-    levels.append([(0, len(caption))])
-    return levels
-
-
 def renderer(doc, caption: str, lead: int, pieces, p: int, span: tuple[int, int]) -> Callable[[str], str]:
     """The level text (its `pieces`, joined by " and ") with the word at `span` (in piece p) replaced."""
     u0, u1 = span
@@ -298,10 +234,14 @@ def relation_phrase(doc, tok, fixed: dict[int, str], units, wn) -> tuple[int, in
 # --- tokens: why no negative, animacy ----------------------------------------------------------
 
 
-def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int]], wn=None) -> str | None:
+def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int]], wn=None,
+                open_vocab: bool = True) -> str | None:
     """Why a tree-POS token gets no negative before any candidate is looked for, or None.
-    (`wn`: WordNet, for the kinds of preposition object and verb subject; None skips those checks.)"""
+    (`wn`: WordNet, for the kinds of preposition object and verb subject; None skips those checks.
+    `open_vocab`: False for a closed domain's generator (a `vocabulary`), whose trees the eighth round's
+    rules leave as they were: the shipped scene fine-tunes are keyed by them.)"""
     lower = tok.lower_
+    eighth = wn is not None and open_vocab  # issue 21's eighth round (GENERATOR_VERSION 3vl-trees-9)
     if tok.pos_ == "PROPN":
         return "proper noun"
     if lower in _COPULA:
@@ -344,6 +284,8 @@ def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int
             return f"argument of the verb {head.text + ' ' + tok.text!r}"  # "engaging in a sport"
         if (why := _adp_object_reason(wn, tok, objs[0], lemma)) is not None:
             return why
+        if eighth and lower == "with" and objs and any(c.dep_ == "nummod" for c in objs[0].children):
+            return f"counted object {tok.text + ' ' + objs[0].text!r}" + SECOND_CANDIDATE  # "a room without two beds"
         if lower in ("with", "without") and objs and objs[0].lower_ in QUANTITY_NOUNS:
             return f"quantity object {tok.text + ' ' + objs[0].text!r}"  # "without a variety of items"
         if objs and lower in ("on", "in") and objs[0].lower_ in NO_NEAR_OBJECTS:
@@ -364,6 +306,11 @@ def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int
         if objs and (objs[0].lower_ in GROUND_COVER_OBJECTS
                      or noun_lexname(wn, objs[0]) in NO_CONTRAST_OBJECT_LEXNAMES):
             return f"no false contrast for {tok.text + ' ' + objs[0].text!r} (ground, weather or body part)"
+        # eighth round: "a girl on a beach" -> "near a beach", "a clock tower on a shore" -> "near a shore", "at the
+        # beach" -> "near the beach", "near a mountain of rocks" -> "in" are not clearly false (one is near what one is
+        # on or at); a thing's "on" keeps its contrasts ("a cat on a table" -> "under a table")
+        if eighth and lower in ("on", "at", "near") and adp_kind(wn, tok) == "place":
+            return f"no false contrast for {tok.text + ' ' + objs[0].text!r} (a place one is on, at or near)" + SECOND_CANDIDATE
         if wn is not None and adp_kind(wn, tok) == prep.NO_IN_CONTRAST:  # seventh round: "near a desert setting"
             return f"no contrast for {tok.text + ' ' + objs[0].text!r} (a region, water or unknown)" + SECOND_CANDIDATE
     if tok.pos_ == "ADJ" and lower not in RELATIONAL_NOUNS and any(c.lower_ == "of" for c in tok.children):
@@ -403,6 +350,12 @@ def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int
     if tok.pos_ == "VERB":
         if any(c.dep_ == "prt" for c in tok.children):
             return "verb of a phrasal verb"
+        if eighth and any(c.pos_ == "ADP" and c.i == tok.i + 1 and not any(c.children) for c in tok.children):
+            return "verb of a phrasal verb (its particle tagged a preposition)" + SECOND_CANDIDATE  # "team mates look on" -> "point on"
+        if eighth and _verb_lemma(lower) in POSTURE_VERBS and any(
+                o.head.lower_ in ("in", "into", "on") and o.lower_ in WATER_OBJECTS
+                for o in _place_objects(tok, units)):
+            return "posture in water (floating)" + SECOND_CANDIDATE  # "birds sitting in the water" -> "lying in the water" (eighth round)
         nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
         if nxt is not None and nxt.pos_ == "ADP" and (_verb_lemma(lower), nxt.lower_) in PHRASAL_VERBS:
             return f"phrasal verb {tok.text + ' ' + nxt.text!r}"
@@ -425,6 +378,10 @@ def skip_reason(doc, tok, fixed: dict[int, str], units: dict[int, tuple[int, int
                 o.lower_ in IDIOM_OBJECTS and not any(c.dep_ in ("det", "poss") for c in o.children)))
                for o in _place_objects(tok, units)):  # (not "in front of", "left of a circle")
             return "verb of an idiom or arrangement ('in line')" + SECOND_CANDIDATE
+    if eighth and tok.pos_ == "NOUN" and lower in COLORS and tok.dep_ == "pobj" and tok.head.lower_ in ("in", "into"):
+        return "colour of clothes" + SECOND_CANDIDATE  # "a man in orange" -> "a man in banana" (eighth round)
+    if eighth and tok.pos_ == "NOUN" and tok.dep_ == "pobj" and tok.head.lower_ == "for" and _verb_lemma(tok.head.head.lower_) == "pose":
+        return "what one poses for" + SECOND_CANDIDATE  # "posing for the camera" -> "for the keyboard" (eighth round)
     if tok.pos_ == "NOUN" and lower in QUANTITY_NOUNS and any(c.lower_ == "of" for c in tok.children):
         return "head of a quantity phrase"
     if tok.pos_ == "NOUN" and tok.dep_ == "pobj" and tok.head.lower_ == "of" and tok.head.head.lower_ in (
@@ -500,7 +457,8 @@ def adp_kind(wn, tok) -> str:
     head = tok.head
     subj = [c for c in head.children if c.dep_ == "nsubj"] if head.pos_ == "AUX" else [head]  # "people are on a boat"
     if lower == "on" and kind == "thing" and (head.pos_ == "VERB" or (
-            subj and subj[0].pos_ == "NOUN" and wn is not None and animate_noun(wn, subj[0], people_only=True))):
+            subj and subj[0].pos_ == "NOUN" and wn is not None and animate_noun(wn, subj[0], people_only=True)) or (
+            subj and subj[0].lower_ in PERSON_PRONOUNS)):  # (eighth round: "two men ..., one on a skateboard")
         return "support"  # (a person is not under the skateboard he is on)
     return "animate" if objs and kind == "thing" and is_animate_kind(wn, objs[0]) else kind
 
@@ -526,6 +484,10 @@ SUPPORT_VERBS = POSTURE_VERBS | {"perch", "lean", "sleep", "ride", "kneel", "cro
                                  "nap", "relax", "lay", "climb", "jump", "skate", "walk", "run", "land"}
 # Verbs of rest, and the prepositions of a place they take ("sleeping on a bed", not "from a tree").
 RESTING_VERBS = frozenset({"sleep", "sit", "stand", "lie", "rest"})
+# Pronouns and numerals that stand for a person ("one on a skateboard", "someone on a bench").
+PERSON_PRONOUNS = frozenset({"one", "he", "she", "someone", "somebody", "another", "they", "everyone"})
+# Water one sits in by floating: no posture contrast ("ducks sitting in the water" -> "lying in the water").
+WATER_OBJECTS = frozenset({"water", "waters", "ocean", "sea", "lake", "river", "pond", "pool", "waves", "surf"})
 # Adjectives that fit any noun of a kind ("a big red dog" -> "a big red cat"); every other modifier
 # ("tusked", "shallow", "grassy", "grilled", a participle) belongs to its noun, and the noun is
 # then not replaced ("a tusked giraffe", "a shallow street", "a grilled pasta"): the modifier is.

@@ -165,14 +165,14 @@ _NOUN_GROUPS = (
     ("clock", "sign", "lamp"),
     # frequent COCO nouns the table lacked (issue 21: they fell to WordNet co-hyponyms, 1 good of 11)
     ("book", "magazine", "newspaper"), ("pillow", "blanket", "towel"), ("duck", "goose", "swan"),
-    ("skier", "snowboarder"), ("surfer", "swimmer"), ("batter", "catcher", "umpire"), ("tie", "scarf"),
+    ("skier", "snowboarder"), ("surfer", "swimmer"), ("batter", "catcher", "umpire", "pitcher"), ("tie", "scarf"),
     ("baseball player", "tennis player", "soccer player"), ("teddy bear", "doll"), ("shelf", "cabinet"),
     ("stop sign", "traffic light"), ("polar bear", "brown bear"), ("tree", "bush"), ("painting", "poster"),
     ("building", "bridge"), ("flower", "leaf"), ("counter", "table"), ("bag", "box"), ("bat", "racket"),
     ("log", "rock"), ("cattle", "sheep"), ("store", "restaurant"), ("airport", "train station"), ("toddler", "adult"),
     ("tomato", "onion", "mushroom"), ("coffee", "tea"), ("wine", "beer"), ("bike", "skateboard"), ("candle", "lamp"),
     ("racquet", "bat"), ("waffle", "pancake"), ("runway", "road"), ("court", "field"),
-    ("hill", "beach"))
+    ("hill", "beach"), ("zoo", "farm"))
 _NOUN_PAIRS = (("man", "woman"), ("boy", "girl"), ("person", "animal"), ("people", "animals"), ("child", "adult"),
                ("baby", "adult"),
                ("lady", "man"), ("guy", "woman"), ("day", "night"), ("front", "back"), ("top", "bottom"),

@@ -21,6 +21,8 @@ def animate_subject(wn, verb, people_only: bool = False) -> bool:
     or an animal (only a person with people_only), or a personal pronoun; True when unknown."""
     # (a relative pronoun's antecedent: "a man that has bananas" -> the man)
     subj = [c for c in verb.children if c.dep_ in ("nsubj", "nsubjpass") and not _relative(verb, c)]
+    if not subj and verb.dep_ == "conj" and verb.head.pos_ in ("VERB", "AUX") and verb.head is not verb:
+        return animate_subject(wn, verb.head, people_only)  # "a clock hangs ... and reads 12:43": the clock's
     noun = subj[0] if subj else verb.head if verb.dep_ in ("acl", "relcl", "advcl") else None
     return True if noun is None else animate_noun(wn, noun, people_only)
 

@@ -43,6 +43,7 @@ from typing import Any
 from vlctl.config import opt, validate_config
 from vlctl.io import VlctlError
 from vlctl.methods import caption_parse as parse
+from vlctl.methods import levels, replacement_context
 from vlctl.methods import wordnet as wnmod
 from vlctl.methods.anchor import anchor_diff, anchor_text  # noqa: F401 (their old home)
 from vlctl.methods.caption_parse import (  # noqa: F401 (IDIOM_OBJECTS ... _tag_for: their old home)
@@ -104,11 +105,9 @@ from vlctl.methods.negatives import (  # noqa: F401 (CLOSED_CLASS ... caption_ha
 )
 from vlctl.methods.tree_cache import TreeCache
 
-# 3vl-trees-8, issue 21's seventh round: "in" by its object's kind (outside a room or building, beside furniture,
-# without heels, none in a region or with a word WordNet lacks), visual antonyms only, no replacement that is a word
-# of the caption, posture swaps only of a known person or animal, no verb swap in the air or "in line", no swap of
-# one of two joined adjectives; a word skipped for such a reason leaves its level another word's candidate.
-GENERATOR_VERSION = "3vl-trees-8"
+# 3vl-trees-8 and -9: issue 21's seventh and eighth rounds (docs/findings.md, "Caption trees on real text"); a word
+# skipped by their reading rules leaves its level another word's candidate.
+GENERATOR_VERSION = "3vl-trees-9"
 TREE_POS = ("NOUN", "ADJ", "ADP", "VERB")
 
 
@@ -209,8 +208,8 @@ class TreeGenerator:
             "spacy": _nlp_id(),
             # every rule and table of the generator (a table added later is covered without a new entry here)
             "sources": hashlib.sha256(b"".join(Path(sys.modules[m].__file__).read_bytes() for m in (
-                __name__, parse.__name__, wnmod.__name__, "vlctl.methods.negatives", "vlctl.methods.prepositions",
-                "vlctl.methods.subjects"))).hexdigest()[:16],
+                __name__, parse.__name__, wnmod.__name__, levels.__name__, replacement_context.__name__,
+                "vlctl.methods.negatives", "vlctl.methods.prepositions", "vlctl.methods.subjects"))).hexdigest()[:16],
         }
         self.fingerprint_ = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
         self.cache_ = TreeCache(self.cache_path) if self.cache_path is not None else None
@@ -340,6 +339,8 @@ class TreeGenerator:
         resting_ok = pos != "VERB" or all(c.lower_ in parse.LOCATIVE_ADP for c in tok.children if c.dep_ == "prep")
         # "seven giraffe" (a plural the caption misspelt) -> "seven birds", not "seven bird"
         counted = pos == "NOUN" and tag == "NN" and any(c.dep_ == "nummod" and c.lower_ != "one" for c in tok.children)
+        absurd = (replacement_context.context_excluded(wn, doc, tok, base, parse.caption_words(doc, wn))
+                  if wn is not None and self.vocab_ is None and pos in ("NOUN", "VERB") and b - a == 1 else None)
         for k_stage, (stage, words) in enumerate(self._candidates(lower, base.replace("_", " "), tag, pos,
                                                                   transitive and animate, kind, adjectival, animate,
                                                                   person)):
@@ -363,7 +364,7 @@ class TreeGenerator:
                     and (pos != "VERB" or parse.lack_fits(wn, tok, w) or _verb_lemma(w) != "lack" and not (not person and (
                         _verb_lemma(w) in ("jump", "point") or transitive and (stage != "table" or not animate))))
                     and not (animate_obj and _verb_lemma(w) not in ("watch", "feed", "pet")))  # "dropping young girls"
-                kept = tuple(w for w in words if w not in cw and bases[w] not in cw)
+                kept = tuple(w for w in words if w not in cw and bases[w] not in cw and not (absurd and absurd(w)))
                 owes, words = owes or len(kept) < len(words) or stage == "not_visual" and bool(kept), kept
                 if counted:
                     words = tuple(inflect_like(w, "NNS", "NOUN") or pluralize(w) for w in words)
@@ -398,7 +399,7 @@ class TreeGenerator:
         units = parse.word_units(doc, self.wn_)
         fixed = parse.fixed_phrases(doc)
         lead = len(caption) - len(caption.lstrip())
-        pieces_per_level = parse.level_pieces(doc, caption, lead, units, self.wn_ if self.vocab_ is None else None)
+        pieces_per_level = levels.level_pieces(doc, caption, lead, units, self.wn_ if self.vocab_ is None else None)
         texts = [" and ".join(caption[a:b] for a, b in pieces) for pieces in pieces_per_level]
         # Consecutive levels with the same words ("a cat on a mat" then "a cat on a mat.") are one
         # level; the later one is kept, so the last level is always the caption itself.
@@ -425,7 +426,7 @@ class TreeGenerator:
                         continue
                     if tok.pos_ == "PROPN" and "NOUN" not in self.pos_:
                         continue
-                    why = parse.skip_reason(doc, tok, fixed, units, self.wn_)
+                    why = parse.skip_reason(doc, tok, fixed, units, self.wn_, self.vocab_ is None)
                     rel = parse.relation_phrase(doc, tok, fixed, units, self.wn_) if why else None
                     if rel and lead + doc[rel[0]].idx < a:  # "X and the middle of a field": at a later level
                         done.discard(tok.i)
@@ -558,7 +559,7 @@ class TreeGenerator:
         doc = self.nlp_(text.strip())
         parse.retag(doc, self.overrides_, self.wn_)
         units, fixed = parse.word_units(doc, self.wn_), parse.fixed_phrases(doc)
-        cands = [t for t in doc if t.pos_ in self.pos_ and t.is_alpha and parse.skip_reason(doc, t, fixed, units, self.wn_) is None]
+        cands = [t for t in doc if t.pos_ in self.pos_ and t.is_alpha and parse.skip_reason(doc, t, fixed, units, self.wn_, self.vocab_ is None) is None]
         cands.sort(key=lambda t: _hash_int("random_negative", s, caption, t.i))
         for tok in cands:
             u0, u1 = units.get(tok.i, (tok.i, tok.i + 1))
