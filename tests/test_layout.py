@@ -33,7 +33,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 MAX_LINES = 600
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("vlctl.fsops", "vlctl.io", "vlctl.config", "vlctl.images", "vlctl.artifacts", "vlctl.progress"),  # L0
+    ("vlctl.fsops", "vlctl.io", "vlctl.config", "vlctl.images", "vlctl.artifacts", "vlctl.progress",
+     "vlctl.threads"),  # L0
     ("vlctl.train.distributed", "vlctl.train.loop"),  # L1
     ("vlctl.data",),  # L2
     ("vlctl.encoders",),  # L3

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ from vlctl.config import opt, validate_config
 from vlctl.images import DEFAULT_MAX_PIXELS, ImageDecodeError, read_image
 from vlctl.io import VlctlError
 from vlctl.progress import progress_bar
+from vlctl.threads import torch_threads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,26 +57,6 @@ def _preprocess_fn(encoder: Any):
     return lambda im: encoder.preprocess(np.asarray(im, dtype=np.uint8))
 
 
-@contextlib.contextmanager
-def _one_torch_thread() -> Iterator[None]:
-    """Run the block with one intra-op torch thread.
-
-    A per-image transform is many tiny tensor ops; extra threads only add synchronisation. On a
-    busy 2-core machine OpenCLIP's ViT-B-32 transform took 70 ms per image with 2 threads and
-    5 ms with 1 (measured). DataLoader workers already run with one thread; this covers
-    decoding in the main process (workers=0).
-    """
-    n = torch.get_num_threads()
-    if n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
 class _ImageFiles(torch.utils.data.Dataset):
     def __init__(self, paths: Sequence[str | os.PathLike], preprocess, max_pixels: int):
         self.paths, self.preprocess, self.max_pixels = list(paths), preprocess, max_pixels
@@ -85,7 +66,7 @@ class _ImageFiles(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int):
         try:
-            with _one_torch_thread():
+            with torch_threads(1):  # a per-image transform is many tiny ops (vlctl.threads)
                 return i, self.preprocess(read_image(self.paths[i], self.max_pixels)), None
         except ImageDecodeError as e:
             return i, None, str(e)

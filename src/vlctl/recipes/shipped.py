@@ -1,15 +1,17 @@
 """The trained checkpoints shipped in the repository, so `make demo` starts from trained models.
 
 Each is a finished training stage of a `--quick` preset (the CLIPs; 3VL's base and its three
-LoRA fine-tunes), as the recipe itself wrote it (`done.json` with the stage key, `model/` with the
+LoRA fine-tunes), or of a full preset named in FULL_PRESETS (the paper-size MAD CLIP, 80-110 min of
+training on 2 cores, which tevi-mad's 5-seed protocol starts from), as the recipe itself wrote it (`done.json` with the stage key, `model/` with the
 TinyCLIP weights and its encoder id, the training log; not the resume state), stored under
 `checkpoints/<stage>-<key digest>/`. `checkpoints/manifest.json` lists, per stage
 directory, the recipe, the stage, how long it trained and the sha256 of every file; the runner
 copies a stage from here only when its key and every hash match.
 
 Refresh them after a change to a preset or an architecture (the test suite says when):
-`vlctl reproduce all --quick --from-scratch --out runs/fresh` and then
-`python -m vlctl.recipes.shipped runs/fresh/stages`.
+`vlctl reproduce all --quick --from-scratch --out runs/fresh` (and `vlctl reproduce mad-clip --from-scratch
+--out runs/full` for the full CLIP) and then `python -m vlctl.recipes.shipped runs/fresh/stages runs/full/stages`
+(each stage is taken from the first folder that has it finished; the shipped folder itself may be one).
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ TRAINED = {
     "3vl-scenes": "vlctl.recipes.three_vl_scenes",
     "tevi-mad": "vlctl.recipes.tevi_mad",
 }
-MAX_FILE_BYTES = 8 * 1024 * 1024  # tevi-mad's train embeddings: 30,000 x 32 x 2 float32
+# recipe -> the full (not --quick) preset's stages shipped too. Only the MAD CLIP: tevi-mad's full train embeddings
+# (60,000 x 18 x 2 float32, 8.6 MB) are recomputed from it in about 5 minutes, its training takes 80-110.
+FULL_PRESETS = {"mad-clip": ("train",)}
+MAX_FILE_BYTES = 10 * 1024 * 1024  # the full MAD CLIP: 2.42M float32 parameters, 9.7 MB
 
 
 def stage_dir_name(name: str, key: dict) -> str:
@@ -39,14 +44,17 @@ def stage_dir_name(name: str, key: dict) -> str:
 
 
 def expected_stages(stages: Path | None = None, **upstream: str) -> dict[str, tuple[str, str, dict]]:
-    """Stage directory name -> (recipe, stage, key) of each stage the `--quick` presets ship. Keys
-    that depend on an earlier stage's output (3VL's fine-tunes: `trees`, the trees' digest) are
-    given in `upstream` or read from that stage in `stages`."""
+    """Stage directory name -> (recipe, stage, key) of each stage shipped: the `--quick` presets',
+    and FULL_PRESETS' of the full presets. Keys that depend on an earlier stage's output (3VL's
+    fine-tunes: `trees`, the trees' digest) are given in `upstream` or read from that stage in `stages`."""
     out = {}
     for recipe, module in TRAINED.items():
         mod = importlib.import_module(module)  # by name: the recipes import the runner, which imports this
         for stage, key in mod.shipped_stage_keys(mod.load_preset(True), stages, **upstream).items():
             out[stage_dir_name(stage, key)] = (recipe, stage, key)
+        full = mod.shipped_stage_keys(mod.load_preset(False), stages, **upstream) if recipe in FULL_PRESETS else {}
+        for stage in FULL_PRESETS.get(recipe, ()):
+            out[stage_dir_name(stage, full[stage])] = (recipe, stage, full[stage])
     return out
 
 
@@ -86,25 +94,38 @@ def _encoder_id(stage_dir: Path) -> str | None:
     return None
 
 
-def ship(stages: Path, shipped: Path = SHIPPED) -> dict[str, dict]:
-    """Copy the `--quick` presets' finished trained stages from a stage cache into `shipped`
-    and rewrite its manifest. Refuses when one of them is missing from `stages` or a file is
-    over MAX_FILE_BYTES."""
-    stages, shipped = Path(stages), Path(shipped)
+def shipped_trees_digest(shipped: Path = SHIPPED) -> str | None:
+    """The trees digest the shipped 3VL fine-tunes were trained on (their keys' `trees`), None if none is shipped."""
+    digests = {read_json(Path(shipped) / name / "done.json", "shipped stage marker")["key"]["trees"]
+               for name, entry in shipped_manifest(shipped).items() if entry["stage"].startswith("finetune_")}
+    if len(digests) > 1:
+        raise VlctlError(f"{shipped}: the shipped fine-tunes were trained on different trees {sorted(digests)}")
+    return digests.pop() if digests else None
+
+
+def ship(stages: Path | list[Path], shipped: Path = SHIPPED, **upstream: str) -> dict[str, dict]:
+    """Copy the shipped presets' finished trained stages (`expected_stages`) from stage caches into
+    `shipped` and rewrite its manifest; each stage from the first folder of `stages` that has it
+    finished (`shipped` itself may be one: its stages are then kept as they are). Refuses when one
+    is missing from all of them or a file is over MAX_FILE_BYTES. `upstream`: as in `expected_stages`."""
+    folders = [Path(p) for p in ([stages] if isinstance(stages, (str, Path)) else stages)]
+    shipped = Path(shipped)
     manifest = {}
-    for name, (recipe, stage, _key) in expected_stages(stages).items():
-        src = stages / name
-        if not (src / "done.json").is_file():
-            raise VlctlError(f"{src}: no finished {recipe} {stage} stage of the --quick preset here")
+    for name, (recipe, stage, _key) in expected_stages(folders[0], **upstream).items():
+        src = next((f / name for f in folders if (f / name / "done.json").is_file()), None)
+        if src is None:
+            raise VlctlError(f"{folders[0] / name}: no finished {recipe} {stage} stage in "
+                             f"{', '.join(map(str, folders))}")
         files = shipped_files(src)
         big = [rel for rel in files if (src / rel).stat().st_size > MAX_FILE_BYTES]
         if big:
             raise VlctlError(f"{src / big[0]}: over {MAX_FILE_BYTES >> 20} MB, too large to ship in the repository")
         dst = shipped / name
-        shutil.rmtree(dst, ignore_errors=True)
-        for rel in files:
-            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src / rel, dst / rel)
+        if src.resolve() != dst.resolve():
+            shutil.rmtree(dst, ignore_errors=True)
+            for rel in files:
+                (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src / rel, dst / rel)
         done = read_json(src / "done.json", "stage marker")
         manifest[name] = {"recipe": recipe, "stage": stage, "seconds": round(done["seconds"], 1),
                           "encoder_id": _encoder_id(src),
@@ -117,7 +138,12 @@ def ship(stages: Path, shipped: Path = SHIPPED) -> dict[str, dict]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m vlctl.recipes.shipped STAGES_DIR")
-    for name, entry in ship(Path(sys.argv[1])).items():
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m vlctl.recipes.shipped STAGES_DIR [STAGES_DIR ...]")
+    folders = [Path(a) for a in sys.argv[1:]]
+    # 3VL's fine-tunes are keyed by their trees' digest: from a trees stage of the first folder, else (re-shipping
+    # the shipped folder's own stages) the digest the shipped fine-tunes were trained on
+    has_trees = any(folders[0].glob("trees-*/done.json"))
+    upstream = {} if has_trees or shipped_trees_digest() is None else {"trees": shipped_trees_digest()}
+    for name, entry in ship(folders, **upstream).items():
         print(f"{name}: {entry['recipe']} {entry['stage']}, {entry['encoder_id']}")

@@ -23,7 +23,6 @@ Figures, arrays/README.md and report.md: vlctl.recipes.tevi_mad_report.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from pathlib import Path
 
@@ -51,6 +50,7 @@ from vlctl.recipes.tevi_mad_report import (
     _figures,
     _report,
 )
+from vlctl.threads import torch_threads
 
 VARIANTS = ("learned", "cg")
 CONCEPT_NAMES = [f"{c}={v}" for c in CATEGORIES for v in VALUES[c]]
@@ -92,6 +92,9 @@ class TeviMadRecipe:
     sweep_expansion: tuple[int, ...] = opt((1, 4), "SAE sweep: expansion factors", ge=1, le=1024)
     sweep_epochs: int = opt(30, "SAE sweep: epochs per fit", ge=1, le=100_000)
     seed: int = opt(0, "seed of the SAE/mask fits and of the leakage permutation", ge=0, le=2**32 - 1)
+    fit_threads: int = opt(1, "torch threads of the SAE and mask fits: their steps are a few small matmuls (d=18), "
+                           "which a second thread slows (docs/findings.md, 'Threads on a shared machine')",
+                           ge=1, le=1024)
     n_seeds: int = opt(1, "SAE + mask fits with seeds seed .. seed+n_seeds-1; Tables A1/A2 are their mean +- std "
                        "(the paper: mean of 5 runs); arrays/conditioning*.npz and retrieval*.npz are seed `seed`'s",
                        ge=1, le=100)
@@ -157,7 +160,8 @@ def _fit_sae(cfg: TeviMadRecipe, variant: str, x: np.ndarray, concepts: np.ndarr
     else:
         sae = SparseAutoencoder(k=k or cfg.sae_k, expansion=expansion or cfg.sae_expansion, aux_k=cfg.sae_aux_k,
                                 epochs=epochs or cfg.sae_epochs, resample_every=cfg.sae_resample_every, **common)
-    sae.fit(x, encoder_id)
+    with torch_threads(cfg.fit_threads):
+        sae.fit(x, encoder_id)
     if work is not None:
         sae.save(work / "sae")
     return sae
@@ -165,19 +169,17 @@ def _fit_sae(cfg: TeviMadRecipe, variant: str, x: np.ndarray, concepts: np.ndarr
 
 def _fit_tevi(cfg: TeviMadRecipe, sae_dir: Path, train: dict, work: Path, variant: str = "cg",
               partners: np.ndarray | None = None, seed: int | None = None) -> None:
-    import torch
-
     from vlctl.methods.sae import SparseAutoencoder
     from vlctl.methods.tevi import TEVI
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
     sae = SparseAutoencoder.load(sae_dir)
     groups = concept_categories() if variant == "cg" and cfg.cg_group_mask else None
     tevi = TEVI(hidden=cfg.mask_hidden, conditioning=cfg.conditioning, mask_temperature=cfg.mask_temperature,
                 mask_floor=cfg.mask_floor, lr=cfg.mask_lr, epochs=cfg.mask_epochs, batch_size=cfg.mask_batch_size,
                 mask_mass_coef=cfg.mask_mass_coef, latent_groups=groups, seed=cfg.seed if seed is None else seed,
                 out_dir=work / "run")
-    tevi.fit(train["image_emb"], train["text_emb"], sae=sae, partners=partners)
+    with torch_threads(cfg.fit_threads):
+        tevi.fit(train["image_emb"], train["text_emb"], sae=sae, partners=partners)
     tevi.save(work / "tevi")
 
 
