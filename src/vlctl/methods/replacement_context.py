@@ -56,7 +56,10 @@ def context_excluded(wn, doc, tok, base: str, caption_lemmas: frozenset[str]) ->
         out.add("balls")
     if base == "water" and caption_lemmas & WATER_HOLDERS:
         out |= {"grass", "snow", "sand", "dirt"}
-    poss = wn is not None and any(c.dep_ == "poss" for c in tok.children) and noun_lexname(wn, tok) == "noun.animal"
-    return lambda w: w in out or wnmod.base_form(wn, w, "NOUN") in out or (poss and w not in PETS and
-                                                                            wnmod.base_form(wn, w, "NOUN") not in PETS)
+    poss = any(c.dep_ == "poss" for c in tok.children) and noun_lexname(wn, tok) == "noun.animal"
+
+    def excluded(w: str) -> bool:
+        forms = {w, wnmod.base_form(wn, w, "NOUN")}  # the word and its lemma, looked up once
+        return bool(forms & out) or (poss and not forms & PETS)
+    return excluded
 

@@ -144,6 +144,7 @@ if __name__ == "__main__":
     # 3VL's fine-tunes are keyed by their trees' digest: from a trees stage of the first folder, else (re-shipping
     # the shipped folder's own stages) the digest the shipped fine-tunes were trained on
     has_trees = any(folders[0].glob("trees-*/done.json"))
-    upstream = {} if has_trees or shipped_trees_digest() is None else {"trees": shipped_trees_digest()}
+    digest = None if has_trees else shipped_trees_digest()
+    upstream = {} if digest is None else {"trees": digest}
     for name, entry in ship(folders, **upstream).items():
         print(f"{name}: {entry['recipe']} {entry['stage']}, {entry['encoder_id']}")
