@@ -14,6 +14,11 @@ This trains scenes-quick from random weights on a scenes train split with one of
 and after every epoch writes the training loss, the relation accuracy on the first 1,000
 training scenes and the checklist accuracy of every category on the test split, to --out (JSON).
 
+The image embedding is read at the class token (`--pool cls`, the TinyCLIP default) or also at
+the mean of the patch tokens (`--pool cls_mean`, TinyCLIPConfig.vision_pool), so that per-token
+products of content and position, summed over the image, reach the embedding without attention
+having to gather them into the class token.
+
     python experiments/relation_learnability.py DATA --mode relation_only --epochs 12 --out rel.json
 
 DATA holds train/ and test/ scenes directories (`vlctl data scenes`, or a 3vl-scenes data stage).
@@ -59,6 +64,8 @@ def main() -> None:
     ap.add_argument("--model", default="scenes-quick")
     ap.add_argument("--vision-pos-init", choices=("normal", "sincos2d"), default="normal",
                     help="the ViT's initial positional embedding: CLIP's N(0, 0.01^2) or MAE's 2D sin-cos table")
+    ap.add_argument("--pool", choices=("cls", "cls_mean"), default="cls",
+                    help="read the image embedding at the class token, or there and at the patch tokens' mean")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
@@ -69,7 +76,7 @@ def main() -> None:
     torch.manual_seed(args.seed)
 
     train, test = load_scenes(args.data / "train"), load_scenes(args.data / "test")
-    model = tiny_clip.create_model(args.model, seed=args.seed)
+    model = tiny_clip.create_model(args.model, seed=args.seed, vision_pool=args.pool)
     if args.vision_pos_init == "sincos2d":  # overwrite after the draws: every other weight's init is unchanged
         pos = model.visual.positional_embedding
         with torch.no_grad():

@@ -105,9 +105,11 @@ def hf_clip():
 # HilaCAM
 
 
-def reference_hila_cam(model, x: torch.Tensor, texts: list[str], blocks: list[int]) -> np.ndarray:
+def reference_hila_cam(model, x: torch.Tensor, texts: list[str], blocks: list[int], patch_mean: bool = False
+                       ) -> np.ndarray:
     """Chefer et al.'s recipe, one image at a time, each block's gradient taken on its own, the
-    head mean and the update written out in float64."""
+    head mean and the update written out in float64; `patch_mean`: the embedding also pools the
+    patch tokens, so the row is R[0] plus the mean of the patch rows."""
     out = []
     for i in range(x.shape[0]):
         with torch.no_grad():
@@ -127,7 +129,8 @@ def reference_hila_cam(model, x: torch.Tensor, texts: list[str], blocks: list[in
                 cam += torch.clamp(g[h] * a[h], min=0) / heads
             R = R + cam @ R
         g = math.isqrt(T - 1)
-        out.append(R[0, 1:].reshape(g, g).numpy())
+        row = R[0, 1:] + (sum(R[i, 1:] for i in range(1, T)) / (T - 1) if patch_mean else 0)
+        out.append(row.reshape(g, g).numpy())
     return np.stack(out)
 
 
@@ -144,6 +147,18 @@ def test_hila_cam_matches_slow_reference(blocks, which, stem):
     assert got.shape == (3, 4, 4) and got.dtype == np.float32
     assert np.abs(want).max() > 0
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-12)
+
+
+def test_hila_cam_of_a_tower_that_also_pools_its_patches():
+    enc = TinyCLIPEncoder(create_model(tiny_config(vision_pool="cls_mean"), seed=2))
+    assert rel.patch_geometry(enc).patch_mean
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    got = rel.hila_cam(enc, x, TEXTS[:3])
+    np.testing.assert_allclose(got, reference_hila_cam(enc.model, x, TEXTS[:3], [0, 1, 2], patch_mean=True),
+                               rtol=1e-4, atol=1e-12)
+    # the class-token row alone is a different map: the patch rows' mean is really added
+    cls_only = reference_hila_cam(enc.model, x, TEXTS[:3], [0, 1, 2])
+    assert np.abs(got - cls_only).min() > 0.5 / 16  # every patch gets at least its own 1/P from the identity
 
 
 def test_gradient_reaches_attention_and_depends_on_text(tiny, images):

@@ -538,3 +538,32 @@ def test_sincos2d_positions_encode_row_and_column():
         np.testing.assert_allclose(table[token].numpy(), expect, atol=1e-6)
     with pytest.raises(VlctlError, match="divisible by 4"):
         sincos_2d(2, 6)
+
+
+def test_cls_mean_pooling_reads_the_class_token_and_the_patch_mean(tmp_path):
+    """vision_pool 'cls_mean': proj(ln(cls)) + proj_patches(mean of ln(patches)); with no patch
+    kept (token removal at f = 1) only the class-token term remains; a 'cls' config's dict (and so
+    every cache key and shipped checkpoint made before the field) does not name the field."""
+    from vlctl.config import config_to_dict
+
+    assert "vision_pool" not in config_to_dict(tiny_clip.get_config("scenes-quick"))
+    model = create_model("scenes-quick", seed=3, vision_pool="cls_mean").eval()
+    assert config_to_dict(model.config)["vision_pool"] == "cls_mean"
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    v = model.visual
+    with torch.no_grad():
+        t = v.ln_pre(v.tokens(x))
+        for b in v.blocks:
+            t = b(t)
+        want = v.proj(v.ln_post(t[:, 0])) + v.proj_patches(v.ln_post(t[:, 1:]).mean(1))
+        torch.testing.assert_close(model.encode_image(x), want, rtol=1e-5, atol=1e-6)
+        cls_only = v.forward_keep(x, torch.zeros(4, 0, dtype=torch.long))
+        t0 = v.ln_pre(v.tokens(x)[:, :1])
+        for b in v.blocks:
+            t0 = b(t0)
+        torch.testing.assert_close(cls_only, v.proj(v.ln_post(t0[:, 0])), rtol=1e-5, atol=1e-6)
+    save_pretrained(model, tmp_path / "m")
+    back = load_pretrained(tmp_path / "m")
+    assert back.config.vision_pool == "cls_mean"
+    with torch.no_grad():
+        torch.testing.assert_close(back.encode_image(x), model.encode_image(x))

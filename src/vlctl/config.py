@@ -33,9 +33,11 @@ MAX_SEED = 2**32 - 1  # numpy's seeds are 32-bit
 
 def opt(default: Any, help: str, *, gt: float | None = None, ge: float | None = None, lt: float | None = None,
         le: float | None = None, choices: tuple | None = None, check: str | None = None, length: int | None = None,
-        min_len: int | None = None, finite: bool = True, nonempty: bool = True) -> Any:
+        min_len: int | None = None, finite: bool = True, nonempty: bool = True, added: bool = False) -> Any:
     """A config field with its documentation and its range (module docstring). Bounds, choices and
-    checks apply to each value of a tuple field. Mutable defaults (lists, dicts) are copied."""
+    checks apply to each value of a tuple field. Mutable defaults (lists, dicts) are copied.
+    `added`: a field added after configs were saved and hashed into cache keys; `config_to_dict`
+    leaves it out while it holds its default, so those keys (and shipped checkpoints) stay valid."""
     if check is not None and check not in CHECKS:
         raise ValueError(f"opt: unknown check {check!r}; known: {sorted(CHECKS)}")
     given = {"gt": gt, "ge": ge, "lt": lt, "le": le, "choices": tuple(choices) if choices is not None else None,
@@ -45,6 +47,8 @@ def opt(default: Any, help: str, *, gt: float | None = None, ge: float | None = 
         meta["finite"] = False
     if not nonempty:
         meta["nonempty"] = False
+    if added:
+        meta["added"] = True
     if isinstance(default, (list, dict, set)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -238,7 +242,12 @@ def validate_config(cfg: T, label: str | None = None) -> T:
 
 
 def config_to_dict(cfg: Any) -> dict:
-    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+    """The config as plain JSON values; fields declared `added` are left out at their default."""
+    out = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+    for f in dataclasses.fields(cfg):
+        if f.metadata.get("added") and getattr(cfg, f.name) == f.default:
+            del out[f.name]
+    return out
 
 
 def config_from_dict(cls: type[T], data: dict, source: str = "config") -> T:

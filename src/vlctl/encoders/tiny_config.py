@@ -49,6 +49,14 @@ class TinyCLIPConfig:
     vision_width: int = opt(96, "ViT width (token dimension)", ge=1, le=65536)
     vision_layers: int = opt(4, "number of ViT transformer blocks", ge=1, le=1024)
     vision_heads: int = opt(4, "ViT attention heads; must divide vision_width", ge=1, le=1024)
+    vision_pool: str = opt(
+        "cls",
+        "what the image embedding reads: 'cls', the class token (CLIP); 'cls_mean', the class token plus the "
+        "mean of the patch tokens, each through its own projection (a per-token product of content and "
+        "position, summed over the image, reaches the embedding without attention gathering it into the "
+        "class token: what makes spatial relations learnable on the scenes, docs/findings.md)",
+        choices=("cls", "cls_mean"), added=True,
+    )
     text_tower: str = opt(
         "transformer",
         "'transformer' (small causal transformer over word tokens) or "

@@ -263,6 +263,10 @@ class VisionTransformer(nn.Module):
         self.proj = nn.Linear(w, cfg.embed_dim, bias=False)
         _init_transformer(self.blocks)
         nn.init.normal_(self.proj.weight, std=w**-0.5)
+        self.pool = cfg.vision_pool
+        if self.pool == "cls_mean":  # created last: a 'cls' tower's initialisation is unchanged
+            self.proj_patches = nn.Linear(w, cfg.embed_dim, bias=False)
+            nn.init.normal_(self.proj_patches.weight, std=w**-0.5)
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         """Images (n, 3, S, S) -> class token + patch tokens with positions added (n, 1 + patches, w)."""
@@ -271,11 +275,15 @@ class VisionTransformer(nn.Module):
         return torch.cat([cls, x], dim=1) + self.positional_embedding.to(x.dtype)
 
     def encode_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """Tokens (n, T, w) -> embeddings (n, embed_dim), read at the class token (index 0)."""
+        """Tokens (n, T, w) -> embeddings (n, embed_dim), read at the class token (index 0), and
+        with pool 'cls_mean' also at the mean of the patch tokens (none left: that term is 0)."""
         x = self.ln_pre(x)
         for b in self.blocks:
             x = b(x)
-        return self.proj(self.ln_post(x[:, 0]))
+        out = self.proj(self.ln_post(x[:, 0]))
+        if self.pool == "cls_mean" and x.shape[1] > 1:
+            out = out + self.proj_patches(self.ln_post(x[:, 1:]).mean(1))
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.encode_tokens(self.tokens(x))

@@ -6,7 +6,7 @@ HilaCAM (Chefer et al. 2021, "Generic attention-model explainability"), for an i
     A_b    = attention probabilities of ViT block b           (heads, T, T), T = 1 + n_patches
     G_b    = ds / dA_b
     R      = I (T x T);  for b in the chosen blocks:  R <- R + mean_heads(relu(G_b * A_b)) @ R
-    map    = R[0, 1:] reshaped to the patch grid (gh, gw)    class-token row, patch columns
+    map    = R[0, 1:] (+ mean_i R[i, 1:] if patches are pooled too) on the patch grid (gh, gw)
 
 Token removal (3VL §IV-A): re-encode the image from the class token plus the most relevant
 patches (`SupportsTokenRemoval.encode_images_keep`). With P patches and a removed fraction f,
@@ -23,9 +23,8 @@ Evaluation: `token_removal_curve` (the negative-perturbation test of 3VL Fig. 5)
 many random ones). `explain_maps` computes the maps of `vlctl explain` over the whole image
 (letterboxed); `vlctl.report.overlays` draws them.
 
-All maps are numpy float32 arrays (n, gh, gw). Encoders: TinyCLIP, OpenCLIP ViTs, HF CLIP
-(anything whose `vision_attentions` returns class-token ViT attention). Towers without a class
-token (SigLIP) are refused: HilaCAM reads the class-token row.
+Maps are float32 (n, gh, gw). Encoders: TinyCLIP, OpenCLIP ViTs, HF CLIP (class-token ViT
+attention from `vision_attentions`); towers without a class token (SigLIP) are refused.
 """
 
 from __future__ import annotations
@@ -56,12 +55,14 @@ class PatchGeometry(NamedTuple):
     image_size: input side S the tower expects; patch_size: pixels per patch side in that input
     (for TinyCLIP with a convolutional stem, patch_size x the stem's downsampling); grid: (gh, gw);
     has_class_token: whether token 0 is a class token whose output is the embedding.
+    patch_mean: the embedding also reads the patch tokens' mean (TinyCLIP vision_pool 'cls_mean').
     """
 
     image_size: int
     patch_size: int
     grid: tuple[int, int]
     has_class_token: bool
+    patch_mean: bool = False
 
     @property
     def n_patches(self) -> int:
@@ -77,7 +78,7 @@ def patch_geometry(encoder: Any) -> PatchGeometry | None:
     if isinstance(cfg, TinyCLIPConfig):
         p = cfg.patch_size * 2 ** len(cfg.stem_channels)
         g = cfg.image_size // p
-        return PatchGeometry(cfg.image_size, p, (g, g), True)
+        return PatchGeometry(cfg.image_size, p, (g, g), True, cfg.vision_pool == "cls_mean")
     model = getattr(encoder, "model", None)
     hf_cfg = getattr(getattr(model, "config", None), "vision_config", None)
     if hf_cfg is not None and hasattr(encoder, "model_type"):  # HFEncoder
@@ -235,7 +236,8 @@ def _hila_cam_chunk(encoder, images, text, blocks, geo) -> np.ndarray:
         for a, g in zip(sel, grads):
             cam = (g * a).clamp(min=0).mean(dim=1)  # (n, T, T), mean over heads
             r = r + cam @ r
-        return r[:, 0, 1:].reshape(n, *grid).float().cpu().numpy()
+        patch_rows = r[:, 1:, 1:].mean(dim=1) if geo is not None and geo.patch_mean else 0  # both pooled rows
+        return (r[:, 0, 1:] + patch_rows).reshape(n, *grid).float().cpu().numpy()
 
 
 def _square_grid(p: int) -> tuple[int, int]:

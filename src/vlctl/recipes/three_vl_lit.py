@@ -94,6 +94,9 @@ class ThreeVLLitRecipe:
     image_size: int = opt(32, "image side", ge=24, le=1024)
     vision_model: str = opt("scenes-quick", "TinyCLIP config whose image tower (and embed_dim) the base uses; its "
                             "text tower is replaced by the frozen MiniLM")
+    vision_pool: str = opt("cls", "what the base's ViT embedding reads: the class token ('cls') or also the mean "
+                           "of its patch tokens ('cls_mean'; TinyCLIPConfig.vision_pool)", choices=("cls", "cls_mean"),
+                           added=True)
     context_length: int = opt(48, "MiniLM WordPiece context", ge=8, le=512)
     base_epochs: int = opt(8, "base pre-training epochs", ge=1, le=100_000)
     base_batch_size: int = opt(128, "base pre-training batch size", ge=1, le=65536)
@@ -144,7 +147,8 @@ def lit_config(cfg: ThreeVLLitRecipe):
     from vlctl.encoders import get_config
 
     return dataclasses.replace(get_config(cfg.vision_model), name=f"{cfg.vision_model}-lit", text_tower="minilm",
-                               vocab=(), context_length=cfg.context_length, image_size=cfg.image_size)
+                               vocab=(), context_length=cfg.context_length, image_size=cfg.image_size,
+                               vision_pool=cfg.vision_pool)
 
 
 # --- negatives checked against the scene ---------------------------------------------------------
@@ -500,7 +504,8 @@ def base_stage_key(cfg: ThreeVLLitRecipe, seed: int, keys: dict | None = None) -
     """The key of stage base_s<seed> (`keys`: `stage_keys(cfg)`, when already computed)."""
     fields = ("vision_model", "context_length", "base_epochs", "base_batch_size", "base_lr", "temperature_lr",
               "base_warmup_steps")
-    return {"data": (keys or stage_keys(cfg))["data"], "seed": seed, **{f: getattr(cfg, f) for f in fields}}
+    pool = {"vision_pool": cfg.vision_pool} if cfg.vision_pool != "cls" else {}  # keys made before it stay valid
+    return {"data": (keys or stage_keys(cfg))["data"], "seed": seed, **{f: getattr(cfg, f) for f in fields}, **pool}
 
 
 def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitRecipe | None = None,
