@@ -223,3 +223,17 @@ def test_recipe_miniature_end_to_end(tmp_path):
     again = json.loads((out / "results.json").read_text())
     assert all(v["cached"] for v in again["timings"].values() if isinstance(v, dict))
     assert again["accuracy"] == r["accuracy"]
+
+
+def test_base_key_names_the_pooling_only_when_it_is_not_the_class_token():
+    """Base stages cached before `vision_pool` existed keep their key (config_fields leaves an
+    `added` field out at its default); a patch-pooling base gets a key of its own."""
+    import dataclasses
+
+    from vlctl.recipes import three_vl_lit
+
+    cfg = dataclasses.replace(three_vl_lit.load_preset(True), vision_pool="cls")
+    key = three_vl_lit.base_stage_key(cfg, 0)
+    assert "vision_pool" not in key
+    pooled = three_vl_lit.base_stage_key(dataclasses.replace(cfg, vision_pool="cls_mean"), 0)
+    assert pooled == {**key, "vision_pool": "cls_mean"}

@@ -241,13 +241,24 @@ def validate_config(cfg: T, label: str | None = None) -> T:
 # --- dicts and files ---------------------------------------------------------------------------
 
 
+def _added_at_default(cfg: Any, f: dataclasses.Field) -> bool:
+    return bool(f.metadata.get("added")) and getattr(cfg, f.name) == f.default
+
+
 def config_to_dict(cfg: Any) -> dict:
     """The config as plain JSON values; fields declared `added` are left out at their default."""
     out = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
     for f in dataclasses.fields(cfg):
-        if f.metadata.get("added") and getattr(cfg, f.name) == f.default:
+        if _added_at_default(cfg, f):
             del out[f.name]
     return out
+
+
+def config_fields(cfg: Any, names: tuple[str, ...]) -> dict:
+    """{name: value} of the fields `names` for a cache key, leaving out `added` fields at their
+    default as `config_to_dict` does (keys made before such a field stay valid)."""
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    return {n: getattr(cfg, n) for n in names if not _added_at_default(cfg, fields[n])}
 
 
 def config_from_dict(cls: type[T], data: dict, source: str = "config") -> T:

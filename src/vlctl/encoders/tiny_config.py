@@ -15,6 +15,8 @@ from pathlib import Path
 from vlctl.config import config_from_dict, load_config, opt, validate_config
 from vlctl.io import VlctlError, read_json
 
+VISION_POOLS = ("cls", "cls_mean")  # TinyCLIPConfig.vision_pool
+
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 FORMAT = "vlctl.tinyclip/1"
 WEIGHTS_FILE = "model.safetensors"
@@ -55,7 +57,7 @@ class TinyCLIPConfig:
         "mean of the patch tokens, each through its own projection (a per-token product of content and "
         "position, summed over the image, reaches the embedding without attention gathering it into the "
         "class token: what makes spatial relations learnable on the scenes, docs/findings.md)",
-        choices=("cls", "cls_mean"), added=True,
+        choices=VISION_POOLS, added=True,
     )
     text_tower: str = opt(
         "transformer",

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlctl.config import config_from_dict, config_to_dict, opt, validate_config
+from vlctl.config import config_fields, config_from_dict, config_to_dict, opt, validate_config
 from vlctl.data.scenes import (
     ATTRIBUTES,
     CHECKLIST_CATEGORIES,
@@ -95,7 +95,8 @@ class ThreeVLLitRecipe:
     vision_model: str = opt("scenes-quick", "TinyCLIP config whose image tower (and embed_dim) the base uses; its "
                             "text tower is replaced by the frozen MiniLM")
     vision_pool: str = opt("cls", "what the base's ViT embedding reads: the class token ('cls') or also the mean "
-                           "of its patch tokens ('cls_mean'; TinyCLIPConfig.vision_pool)", choices=("cls", "cls_mean"),
+                           "of its patch tokens ('cls_mean'; TinyCLIPConfig.vision_pool: its VISION_POOLS, not imported here, "
+                           "which would import torch with the recipe)", choices=("cls", "cls_mean"),
                            added=True)
     context_length: int = opt(48, "MiniLM WordPiece context", ge=8, le=512)
     base_epochs: int = opt(8, "base pre-training epochs", ge=1, le=100_000)
@@ -503,9 +504,8 @@ def stage_keys(cfg: ThreeVLLitRecipe) -> dict:
 def base_stage_key(cfg: ThreeVLLitRecipe, seed: int, keys: dict | None = None) -> dict:
     """The key of stage base_s<seed> (`keys`: `stage_keys(cfg)`, when already computed)."""
     fields = ("vision_model", "context_length", "base_epochs", "base_batch_size", "base_lr", "temperature_lr",
-              "base_warmup_steps")
-    pool = {"vision_pool": cfg.vision_pool} if cfg.vision_pool != "cls" else {}  # keys made before it stay valid
-    return {"data": (keys or stage_keys(cfg))["data"], "seed": seed, **{f: getattr(cfg, f) for f in fields}, **pool}
+              "base_warmup_steps", "vision_pool")
+    return {"data": (keys or stage_keys(cfg))["data"], "seed": seed, **config_fields(cfg, fields)}
 
 
 def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitRecipe | None = None,
