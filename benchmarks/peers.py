@@ -901,6 +901,7 @@ def bench_extract(quick: bool) -> None:
 def bench_tevi(quick: bool) -> None:
     from run import _random_tevi
 
+    from vlctl.methods import tevi_scoring
     from vlctl.methods.tevi_scoring import conditioned_scores, rerank_conditioned
 
     d, d1, k = 512, 16384, 128
@@ -908,6 +909,11 @@ def bench_tevi(quick: bool) -> None:
 
     def flops_cs(p, q):
         return 2 * (q * d * d1 + p * k * k * d + p * q * k * k)
+
+    def flops_sym(p, q):  # what the symmetric-half kernel multiplies: 62.5% of each K² term at K=128
+        rows = tevi_scoring.SYM_ROWS
+        half = sum(min(rows, k - lo) * (k - lo) for lo in range(0, k, rows)) / (k * k)
+        return 2 * (q * d * d1 + half * (p * k * k * d + p * q * k * k))
 
     n2 = 300 if quick else 2000
     _, txt, _, z, m, W, b = _random_tevi(n2, n2, d, d1, k)
@@ -931,6 +937,19 @@ def bench_tevi(quick: bool) -> None:
         t0 = time.perf_counter()
         exact = conditioned_scores(z, m, W, b, txt, k=k)
         t_ex = time.perf_counter() - t0
+        # The exhaustive kernel as it was when the 12.5x target was set: full K x K blocks (the
+        # nominal P·Q·K² multiply-adds the 14.4x arithmetic bound counts), same scores.
+        sym_rows, tevi_scoring.SYM_ROWS = tevi_scoring.SYM_ROWS, k
+        try:
+            t0 = time.perf_counter()
+            full_blocks = conditioned_scores(z, m, W, b, txt, k=k)
+            t_full = time.perf_counter() - t0
+        finally:
+            tevi_scoring.SYM_ROWS = sym_rows
+        full_err = float((full_blocks - exact).abs().max())
+        del full_blocks
+        # The part of the rerank no implementation of it can skip: each text's top 100 (timed alone).
+        t_topk = min(_timed(lambda: layout.topk(100, dim=0)) for _ in range(2))
         pk = max(pk, peak())
     # The rerank's scores must be the exhaustive ones, exactly (float32, 1e-5).
     cols = torch.arange(n_txt)[None].expand_as(rr.order)
@@ -942,14 +961,29 @@ def bench_tevi(quick: bool) -> None:
         step_s = SAE_FIT["batch"] / SAE_FIT["lockstep_samples_per_s"]
         shares["SAE training step (d1=4096, K=32)"] = (SAE_FIT["flops_per_step"] / step_s / 1e9, step_s)
     shares["ControlEmbed clustering (k-means 5000x512, k=10)"] = _kmeans_gflops()
+    # The rerank's floor: its top-k selection plus pass 2's GEMMs at 100% of this run's peak, every
+    # other piece (pass 1's gather, the dot products and norms, the bookkeeping) taken as free.
+    floor = t_topk + 2 * pairs * k * d / (pk * 1e9)
+    problem = f"{n_img} images x {n_txt} texts, d={d}, d1={d1}, K={k}, random SAE/mask (run._random_tevi)"
     row("t2i rerank@100 vs exhaustive TEVI (speed-up)", {"seconds": round(t_rr, 2), "max_abs_score_err": err},
         {"name": "vlctl conditioned_scores (exhaustive)", "seconds": round(t_ex, 2)}, t_ex / t_rr,
-        {"problem": f"{n_img} images x {n_txt} texts, d={d}, d1={d1}, K={k}, random SAE/mask (run._random_tevi)",
-         "target": 12.5, "arithmetic_bound": round(flops_cs(n_img, n_txt) / (2 * pairs * k * d), 1),
+        {"problem": problem, "target": 12.5,
+         "arithmetic_bound_nominal": round(flops_cs(n_img, n_txt) / (2 * pairs * k * d), 1),
+         "arithmetic_bound_actual": round(flops_sym(n_img, n_txt) / (2 * pairs * k * d), 1),
+         "topk_seconds": round(t_topk, 3), "floor_seconds": round(floor, 3), "ratio_at_floor": round(t_ex / floor, 2),
          "scores_exact_1e-5": err <= 1e-5, "excludes": "the CLIP score matrix (a retrieval system has it)",
-         "exhaustive": "the symmetric-half kernel (62.5% of its nominal K^2 work), so the same rerank time gives a "
-                       "smaller ratio than against the nominal count the arithmetic bound uses"},
+         "exhaustive": "the symmetric-half kernel (62.5% of its nominal K^2 work): arithmetic_bound_actual counts "
+                       "the multiply-adds it does, arithmetic_bound_nominal the 2(Q d d1 + P K^2 d + P Q K^2) the "
+                       "target was set against; ratio_at_floor is the ratio if the rerank took only its topk "
+                       "and its GEMMs at 100% of the peak"},
         "" if t_ex >= t_rr else "rerank slower than exhaustive")
+    row("t2i rerank@100 vs exhaustive TEVI with full K x K blocks (the kernel the 12.5x target was set against)",
+        {"seconds": round(t_rr, 2)}, {"name": "vlctl conditioned_scores, SYM_ROWS = K", "seconds": round(t_full, 2),
+                                      "max_abs_diff_to_symmetric_half": full_err}, t_full / t_rr,
+        {"problem": problem, "target": 12.5,
+         "note": "the same exhaustive scores with every K x K block multiplied whole (the nominal count); for "
+                 "reference only: the row above, against vlctl's fastest exhaustive kernel, is the one that counts"},
+        "" if t_full >= t_rr else "rerank slower than exhaustive")
     for name, (gf, secs) in shares.items():
         share = gf / pk
         row(f"share of the fp32 matmul peak: {name}", {"gflop_per_s": round(gf, 1), "seconds": round(secs, 3),

@@ -105,3 +105,11 @@ def test_support_pads_short_rows_at_the_front():
     idx, vals = tevi_scoring._support(latents, 3)
     assert idx.tolist() == [[0, 1, 3], [0, 0, 0], [0, 0, 4]]
     assert vals.tolist() == [[0.0, 2.0, 3.0], [0.0, 0.0, 0.0], [0.0, 1.0, 4.0]]
+
+
+@pytest.mark.parametrize("ids", [[], [3], [4, 0, 4, 2, 0, 9], list(range(10))[::-1] * 3])
+def test_used_ids_are_torch_unique_with_inverse(ids):
+    ids = torch.tensor(ids, dtype=torch.long)
+    used, inverse = tevi_scoring._used(ids, 10)
+    want_used, want_inverse = torch.unique(ids, return_inverse=True)
+    assert torch.equal(used, want_used) and torch.equal(inverse, want_inverse)

@@ -355,8 +355,8 @@ def pair_scores(
     t_hat = text_emb / text_emb.norm(dim=1, keepdim=True).clamp_min(1e-12)  # (Q, d)
     k = support if support is not None else int((latents != 0).sum(1).max())
     k = max(1, min(k, latents.shape[1]))
-    texts, qi = torch.unique(text_idx, return_inverse=True)  # the Q' texts used; qi: (n_pairs,)
-    images, pi = torch.unique(image_idx, return_inverse=True)  # the P' images used
+    texts, qi = _used(text_idx, masks.shape[0])  # the Q' texts used; qi: (n_pairs,)
+    images, pi = _used(image_idx, latents.shape[0])  # the P' images used
     # Every image used (a rerank's usual case): no (P', d1) copy of the codes.
     idx, vals = _support(latents if len(images) == len(latents) else latents[images], k)  # (P', K)
     n_pairs, d1, d = len(image_idx), latents.shape[1], decoder.shape[1]
@@ -477,6 +477,18 @@ def pair_scores(
     out = torch.empty(n_pairs, dtype=latents.dtype, device=latents.device)
     out[by_text] = num / sq.clamp_min(1e-24).sqrt()
     return out
+
+
+def _used(ids: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.unique(ids, return_inverse=True)` for ids in [0, n): the ids that occur, ascending,
+    and each entry's position among them, by counting instead of sorting (O(n + len(ids)):
+    0.01 s vs 0.04-0.08 s for a 5k x 25k rerank's 2.5M pairs)."""
+    seen = torch.zeros(n, dtype=torch.bool, device=ids.device)
+    seen[ids] = True
+    used = seen.nonzero().squeeze(1)
+    rank = torch.empty(n, dtype=ids.dtype, device=ids.device)
+    rank[used] = torch.arange(len(used), dtype=ids.dtype, device=ids.device)
+    return used, rank[ids]
 
 
 def _ranges_in_threads(fn: Callable[[int, int], None], starts: list[int], device: torch.device) -> None:
