@@ -938,7 +938,7 @@ def bench_tevi(quick: bool) -> None:
         exact = conditioned_scores(z, m, W, b, txt, k=k)
         t_ex = time.perf_counter() - t0
         # The exhaustive kernel as it was when the 12.5x target was set: full K x K blocks (the
-        # nominal P·Q·K² multiply-adds the 14.4x arithmetic bound counts), same scores.
+        # nominal P·Q·K² multiply-adds of the arithmetic bound it quotes), same scores.
         sym_rows, tevi_scoring.SYM_ROWS = tevi_scoring.SYM_ROWS, k
         try:
             t0 = time.perf_counter()

@@ -481,8 +481,8 @@ def pair_scores(
 
 def _used(ids: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`torch.unique(ids, return_inverse=True)` for ids in [0, n): the ids that occur, ascending,
-    and each entry's position among them, by counting instead of sorting (O(n + len(ids)):
-    0.01 s vs 0.04-0.08 s for a 5k x 25k rerank's 2.5M pairs)."""
+    and each entry's position among them, by marking instead of sorting (O(n + len(ids)): for a
+    5k x 25k rerank's 2.5M pairs, texts and images together 0.023-0.031 s vs 0.068-0.145 s)."""
     seen = torch.zeros(n, dtype=torch.bool, device=ids.device)
     seen[ids] = True
     used = seen.nonzero().squeeze(1)
