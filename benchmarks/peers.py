@@ -911,8 +911,7 @@ def bench_tevi(quick: bool) -> None:
         return 2 * (q * d * d1 + p * k * k * d + p * q * k * k)
 
     def flops_sym(p, q):  # what the symmetric-half kernel multiplies: 62.5% of each K² term at K=128
-        rows = tevi_scoring.SYM_ROWS
-        half = sum(min(rows, k - lo) * (k - lo) for lo in range(0, k, rows)) / (k * k)
+        half = sum((hi - lo) * (k - lo) for lo, hi in tevi_scoring.sym_blocks(k)) / (k * k)
         return 2 * (q * d * d1 + half * (p * k * k * d + p * q * k * k))
 
     n2 = 300 if quick else 2000

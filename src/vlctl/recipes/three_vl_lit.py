@@ -94,9 +94,10 @@ class ThreeVLLitRecipe:
     image_size: int = opt(32, "image side", ge=24, le=1024)
     vision_model: str = opt("scenes-quick", "TinyCLIP config whose image tower (and embed_dim) the base uses; its "
                             "text tower is replaced by the frozen MiniLM")
+    # The choices are TinyCLIPConfig's VISION_POOLS, written out: importing vlctl.encoders would
+    # import torch with the recipe.
     vision_pool: str = opt("cls", "what the base's ViT embedding reads: the class token ('cls') or also the mean "
-                           "of its patch tokens ('cls_mean'; TinyCLIPConfig.vision_pool: its VISION_POOLS, not imported here, "
-                           "which would import torch with the recipe)", choices=("cls", "cls_mean"),
+                           "of its patch tokens ('cls_mean'; TinyCLIPConfig.vision_pool)", choices=("cls", "cls_mean"),
                            added=True)
     context_length: int = opt(48, "MiniLM WordPiece context", ge=8, le=512)
     base_epochs: int = opt(8, "base pre-training epochs", ge=1, le=100_000)
