@@ -34,7 +34,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from PIL import Image
 
-    from vlctl.encoders import create
+    from vlctl.encoders.factory import create
     from vlctl.recipes.real_common import EncoderRun, embed_files_and_texts
 
     enc = create(f"open_clip:{args.model}", batch_size=args.batch_size)

@@ -80,7 +80,8 @@ def run_one(kind: str, data_path: Path, queries_path: Path, truth_path: Path, wo
     """Build one gallery kind from the memmapped data and measure it (runs in a subprocess)."""
     import faiss
 
-    from vlctl.index import IndexConfig, create_gallery, open_gallery
+    from vlctl.embeddings.search import IndexConfig
+    from vlctl.embeddings.store import create_gallery, open_gallery
 
     faiss.omp_set_num_threads(args.threads)
     data = np.load(data_path, mmap_mode="r")
@@ -146,7 +147,7 @@ def extract_bench(n_images: int, batch_size: int, workers: int, model: str, work
     from PIL import Image
 
     from vlctl.embeddings.extract import ExtractConfig, embed_image_files
-    from vlctl.encoders import create
+    from vlctl.encoders.factory import create
 
     rng = np.random.default_rng(0)
     paths = []

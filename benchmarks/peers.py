@@ -182,7 +182,7 @@ class Trainer:
         return loss, _fvu(x, x_hat.detach())
 
     def forward_loss(self, x):
-        from vlctl.methods.sae import _normalised_mse
+        from vlctl.methods.sae.model import _normalised_mse
 
         x_hat = self.forward(x)
         return x_hat, _normalised_mse(x, x_hat)
@@ -211,7 +211,7 @@ class VlctlTrainer(Trainer):
     name = "vlctl"
 
     def __init__(self, x, d1, k, lr, total_steps, seed=0):
-        from vlctl.methods.sae import FitLoss, TopKSAE, TopKSAEConfig, geometric_median
+        from vlctl.methods.sae.model import FitLoss, TopKSAE, TopKSAEConfig, geometric_median
 
         cfg = TopKSAEConfig(d=x.shape[1], d_latent=d1, k=k, seed=seed)
         model = TopKSAE(cfg, seed=seed)
@@ -401,7 +401,7 @@ def bench_sae(quick: bool) -> None:
             f"the peer could not be constructed here: {err}")
     # vlctl's real estimator end to end on the same data and steps (its own loop, log, checkpoint):
     # checks that the lockstep step above is what SparseAutoencoder.fit runs.
-    from vlctl.methods.sae import SparseAutoencoder
+    from vlctl.methods.sae.model import SparseAutoencoder
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -502,7 +502,7 @@ def index_child(kind: str, work: Path, k: int, nlist: int, target_recall: float 
         args = argparse.Namespace(k=k, nlist=nlist, pq_m=64, nprobe=32, refine=INDEX_REFINE_CAP, ef_search=64, threads=1,
                                   build_threads=2, target_recall=INDEX_TARGET_RECALL)
         return index_bench.run_one("ivfpq", work / "data.npy", work / "queries.npy", work / "truth.npy", work, args)
-    from vlctl.index import open_gallery
+    from vlctl.embeddings.store import open_gallery
 
     ours = json.loads((work / "vlctl.json").read_text())
     # vlctl's gallery, built by the other child, is timed here too: each test query on vlctl right
@@ -735,8 +735,8 @@ def reference_hila_loop(model, images, tokens) -> np.ndarray:
 
 
 def bench_hilacam(quick: bool) -> None:
-    from vlctl.encoders import create
-    from vlctl.methods.relevancy import hila_cam
+    from vlctl.encoders.factory import create
+    from vlctl.methods.threevl.relevancy import hila_cam
 
     enc = create("open_clip:ViT-B-32", batch_size=64)
     model = enc.model.eval()
@@ -901,8 +901,8 @@ def bench_extract(quick: bool) -> None:
 def bench_tevi(quick: bool) -> None:
     from run import _random_tevi
 
-    from vlctl.methods import tevi_scoring
-    from vlctl.methods.tevi_scoring import conditioned_scores, rerank_conditioned
+    from vlctl.methods.tevi import scoring as tevi_scoring
+    from vlctl.methods.tevi.scoring import conditioned_scores, rerank_conditioned
 
     d, d1, k = 512, 16384, 128
     shares = {}
@@ -1020,11 +1020,11 @@ def _kmeans_gflops() -> tuple[float, float]:
     from sklearn.cluster import KMeans
     from threadpoolctl import threadpool_limits
 
-    from vlctl.methods.controlembed import normalize_rows
+    from vlctl.methods.controlembed.estimator import normalize_rows
 
     rng = np.random.default_rng(0)
     g = normalize_rows(rng.normal(size=(5000, 512)).astype(np.float32))
-    with threadpool_limits(1):  # as vlctl.methods.controlembed.kmeans_labels runs it
+    with threadpool_limits(1):  # as vlctl.methods.controlembed.estimator.kmeans_labels runs it
         t0 = time.perf_counter()
         km = KMeans(n_clusters=10, n_init=1, random_state=0).fit(g)
         s = time.perf_counter() - t0

@@ -28,7 +28,8 @@ def bench_mad(n: int, workers: int) -> dict:
 
 
 def bench_tinyclip(config: str, batch: int = 256, steps: int = 5, threads: int = 1) -> dict:
-    from vlctl.encoders.tiny_clip import clip_loss, create_model
+    from vlctl.encoders.loss import clip_loss
+    from vlctl.encoders.tiny_model import create_model
 
     torch.set_num_threads(threads)
     model = create_model(config, seed=0)
@@ -65,8 +66,8 @@ def bench_recall(n_images: int = 5000, per_image: int = 5, d: int = 64) -> dict:
 def _random_tevi(n_images: int, n_texts: int, d: int, d1: int, k: int, per_image: int = 1, seed: int = 0):
     """Random-weight TopK SAE + mask MLP over synthetic embeddings; caption j is a noisy copy of
     image j // per_image, so CLIP-style recall is meaningful."""
-    from vlctl.methods.sae import TopKSAE, TopKSAEConfig
-    from vlctl.methods.tevi import TeviConfig, TeviMask
+    from vlctl.methods.sae.model import TopKSAE, TopKSAEConfig
+    from vlctl.methods.tevi.estimator import TeviConfig, TeviMask
 
     g = torch.Generator().manual_seed(seed)
     img = torch.nn.functional.normalize(torch.randn(n_images, d, generator=g), dim=1)
@@ -88,7 +89,7 @@ def bench_conditioned_scores(n: int = 2048, naive_rows: int = 32, d: int = 512, 
     n x n problem. The materialising baseline runs one image (row) at a time, so its cost is
     exactly linear in the rows: it is timed on `naive_rows` rows and scaled by n / naive_rows,
     and those rows are compared with the fast scores (max abs difference)."""
-    from vlctl.methods.tevi_scoring import conditioned_scores
+    from vlctl.methods.tevi.scoring import conditioned_scores
 
     _, txt, _, z, m, W, b = _random_tevi(n, n, d, d1, k)
     with torch.no_grad():
@@ -114,7 +115,7 @@ def bench_tevi_rerank(n_images: int = 5000, per_image: int = 5, d: int = 512, d1
     each. The rerank times exclude the CLIP score matrix (a retrieval system has it already); its
     GEMM is timed on its own, and the speedups counting it are reported too."""
     from vlctl.eval.metrics import recall_at_k
-    from vlctl.methods.tevi_scoring import conditioned_scores, pair_method, rerank_conditioned
+    from vlctl.methods.tevi.scoring import conditioned_scores, pair_method, rerank_conditioned
 
     n_texts = n_images * per_image
     img, txt, owner, z, m, W, b = _random_tevi(n_images, n_texts, d, d1, k, per_image)
@@ -156,8 +157,8 @@ def bench_tevi_gallery_rerank(n: int = 100_000, d: int = 512, d1: int = 16384, k
     """One text query at a time against an n x d flat gallery, TEVI rerank of the top 100
     (random SAE/mask weights): per-query latency, search + rerank."""
     from vlctl.embeddings.store import create_gallery
-    from vlctl.methods.sae import SparseAutoencoder, TopKSAE, TopKSAEConfig
-    from vlctl.methods.tevi import TEVI, TeviConfig, TeviMask
+    from vlctl.methods.sae.model import SparseAutoencoder, TopKSAE, TopKSAEConfig
+    from vlctl.methods.tevi.estimator import TEVI, TeviConfig, TeviMask
 
     g = torch.Generator().manual_seed(0)
     gallery_emb = torch.nn.functional.normalize(torch.randn(n, d, generator=g), dim=1).numpy()
@@ -195,7 +196,7 @@ def bench_controlembed_fit(n: int = 41, d: int = 512, steps: int = 300) -> dict:
     the time is the fit alone, not MiniLM's load. Also reports CPU time split user / system."""
     import resource
 
-    from vlctl.methods.controlembed import ControlEmbed
+    from vlctl.methods.controlembed.estimator import ControlEmbed
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((n, d)).astype(np.float32)

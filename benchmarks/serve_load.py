@@ -310,8 +310,8 @@ def cluster_10k(demo_dir: str, threads: int) -> dict:
     import torch
 
     from vlctl.data.mad import mad_dataset_id
-    from vlctl.methods.controlembed import ControlEmbed
-    from vlctl.recipes import controlembed_shapes as recipe
+    from vlctl.methods.controlembed.estimator import ControlEmbed
+    from vlctl.recipes.controlembed import shapes as recipe
     from vlctl.serve import work
     from vlctl.serve.demo import _store_of, find_stage
     from vlctl.serve.state import Collection

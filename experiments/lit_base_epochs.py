@@ -13,11 +13,12 @@ import numpy as np
 import torch
 
 from vlctl.data.scenes import CHECKLIST_CATEGORIES, load_scenes
-from vlctl.encoders import tiny_clip
+from vlctl.encoders import tiny_pretrained
 from vlctl.encoders.tiny_encoder import TinyCLIPEncoder
-from vlctl.eval.checklist import checklist_accuracy, checklist_scores
-from vlctl.recipes import three_vl_lit as L
+from vlctl.eval.checklist import checklist_scores
+from vlctl.eval.metrics import checklist_accuracy
 from vlctl.recipes.runner import Runner
+from vlctl.recipes.threevl import lit as L
 
 ep = int(sys.argv[1])
 cfg = dataclasses.replace(L.load_preset(True), base_epochs=ep, seeds=(0,))
@@ -26,7 +27,7 @@ k = L.stage_keys(cfg)
 data = r.stage("data", k["data"], lambda w: L._data(cfg, w))
 b = r.stage("base_s0", L.base_stage_key(cfg, 0, k), lambda w, res: L._base(cfg, 0, data, w, res), resumable=True)
 secs = json.loads((b / "fit.json").read_text())["seconds"]  # the stage's own fit time (also when reused)
-enc = TinyCLIPEncoder(tiny_clip.load_pretrained(b / "model"))
+enc = TinyCLIPEncoder(tiny_pretrained.load_pretrained(b / "model"))
 test = load_scenes(data / "test")
 items = L.test_items(data, cfg.data_seed)
 with torch.no_grad():

@@ -34,12 +34,13 @@ import numpy as np
 import torch
 
 from vlctl.data.scenes import CHECKLIST_CATEGORIES, OPPOSITE_RELATION, load_checklist, load_scenes, render_caption
-from vlctl.encoders import tiny_clip
+from vlctl.encoders import tiny_pretrained
 from vlctl.encoders.tiny_encoder import TinyCLIPEncoder
-from vlctl.eval.checklist import checklist_accuracy, checklist_scores
+from vlctl.eval.checklist import checklist_scores
+from vlctl.eval.metrics import checklist_accuracy
 from vlctl.io import atomic_write_json, read_json
-from vlctl.methods.tree_tune import TreeTuner
-from vlctl.recipes.three_vl_lit import load_preset
+from vlctl.methods.threevl.tree_tune import TreeTuner
+from vlctl.recipes.threevl.lit import load_preset
 
 
 def _stage(run: Path, name: str, exact: str | None = None) -> Path:
@@ -113,9 +114,9 @@ def main() -> None:
         tree_list = [[{"positive": c, "negatives": [s], "negative_pos": ["ADP"]}] for c, s in zip(caps, swaps)]
         negatives = swaps
     result = {"config": {**vars(a), "run": str(a.run), "out": str(a.out)}, "recipe": dataclasses.asdict(cfg)}
-    result["base"] = evaluate(tiny_clip.load_pretrained(base_dir / "model"), ft, test, a.n_train_items)
+    result["base"] = evaluate(tiny_pretrained.load_pretrained(base_dir / "model"), ft, test, a.n_train_items)
     t0 = time.perf_counter()
-    model = tiny_clip.load_pretrained(base_dir / "model")
+    model = tiny_pretrained.load_pretrained(base_dir / "model")
     tuner = TreeTuner(mode=a.mode, alpha=cfg.alpha, level_reduction=cfg.level_reduction, rank=cfg.rank,
                       lora_alpha=cfg.lora_alpha, lr=cfg.ft_lr, epochs=cfg.ft_epochs, batch_size=cfg.ft_batch_size,
                       warmup_steps=cfg.ft_warmup_steps, max_levels=cfg.max_levels, max_negatives=cfg.max_negatives,

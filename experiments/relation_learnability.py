@@ -37,11 +37,13 @@ import torch
 import torch.nn.functional as F
 
 from vlctl.data.scenes import CHECKLIST_CATEGORIES, OPPOSITE_RELATION, load_checklist, load_scenes, render_caption
-from vlctl.encoders import tiny_clip
+from vlctl.encoders import tiny_encoder, tiny_model
+from vlctl.encoders.loss import clip_loss
 from vlctl.encoders.tiny_model import sincos_2d
-from vlctl.eval.checklist import checklist_accuracy, checklist_scores
+from vlctl.eval.checklist import checklist_scores
+from vlctl.eval.metrics import checklist_accuracy
 from vlctl.io import atomic_write_json
-from vlctl.methods.tree_tune import negclip_loss, trim_padding
+from vlctl.methods.threevl.tree_tune import negclip_loss, trim_padding
 
 MODES = ("contrastive", "negclip", "relation", "relation_only")
 
@@ -76,16 +78,16 @@ def main() -> None:
     torch.manual_seed(args.seed)
 
     train, test = load_scenes(args.data / "train"), load_scenes(args.data / "test")
-    model = tiny_clip.create_model(args.model, seed=args.seed, vision_pool=args.pool)
+    model = tiny_model.create_model(args.model, seed=args.seed, vision_pool=args.pool)
     if args.vision_pos_init == "sincos2d":  # overwrite after the draws: every other weight's init is unchanged
         pos = model.visual.positional_embedding
         with torch.no_grad():
             pos[0].zero_()
             pos[1:] = sincos_2d(math.isqrt(pos.shape[0] - 1), pos.shape[1])
-    x = tiny_clip.preprocess_batch(np.asarray(train["images"]))
+    x = tiny_model.preprocess_batch(np.asarray(train["images"]))
     pos = model.tokenize([lab["caption"] for lab in train["labels"]])
     neg = model.tokenize([swapped(lab) for lab in train["labels"]])
-    x_test = tiny_clip.preprocess_batch(np.asarray(test["images"]))
+    x_test = tiny_model.preprocess_batch(np.asarray(test["images"]))
     items = {c: load_checklist(args.data / "test", c) for c in CHECKLIST_CATEGORIES}
 
     params = [p for name, p in model.named_parameters() if name != "logit_scale"]
@@ -104,7 +106,7 @@ def main() -> None:
             out = {"train_relation": pair_accuracy(img, model.encode_text(trim_padding(pos[first]), normalize=True),
                                                    model.encode_text(trim_padding(neg[first]), normalize=True))}
         out.update({c: checklist_accuracy(s)
-                    for c, s in checklist_scores(tiny_clip.TinyCLIPEncoder(model), x_test, items).items()})
+                    for c, s in checklist_scores(tiny_encoder.TinyCLIPEncoder(model), x_test, items).items()})
         model.train()
         return out
 
@@ -117,7 +119,7 @@ def main() -> None:
             txt = model.encode_text(trim_padding(pos[i]), normalize=True)
             scale = model.logit_scale.exp().clamp(max=100)
             if args.mode == "contrastive":
-                loss = tiny_clip.clip_loss(img, txt, scale)
+                loss = clip_loss(img, txt, scale)
             else:
                 sw = model.encode_text(trim_padding(neg[i]), normalize=True)
                 if args.mode == "negclip":
@@ -126,7 +128,7 @@ def main() -> None:
                     pair = scale * torch.stack([(img * txt).sum(1), (img * sw).sum(1)], dim=1)
                     loss = F.cross_entropy(pair, torch.zeros(len(i), dtype=torch.long))
                     if args.mode == "relation":
-                        loss = loss + tiny_clip.clip_loss(img, txt, scale)
+                        loss = loss + clip_loss(img, txt, scale)
             opt.zero_grad()
             loss.backward()
             opt.step()

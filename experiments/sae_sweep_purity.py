@@ -31,9 +31,9 @@ from vlctl.data.mad import CATEGORIES, VALUES, load_mad
 from vlctl.eval import metrics
 from vlctl.eval.editing import latent_purity
 from vlctl.io import atomic_write_json, read_json
-from vlctl.methods.sae import SparseAutoencoder, fraction_variance_unexplained
-from vlctl.recipes import mad_clip
+from vlctl.methods.sae.model import SparseAutoencoder, fraction_variance_unexplained
 from vlctl.recipes.runner import find_stage
+from vlctl.recipes.tevi import mad_clip
 
 
 def main() -> None:

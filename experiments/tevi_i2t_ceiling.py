@@ -31,10 +31,12 @@ import torch
 from vlctl.data.mad import CATEGORIES, load_mad
 from vlctl.eval.metrics import caption_relevance
 from vlctl.io import atomic_write_json
-from vlctl.methods.sae import SparseAutoencoder
-from vlctl.methods.tevi import TEVI, conditioned_scores
-from vlctl.recipes import mad_clip, tevi_mad
+from vlctl.methods.sae.model import SparseAutoencoder
+from vlctl.methods.tevi.estimator import TEVI
+from vlctl.methods.tevi.scoring import conditioned_scores
 from vlctl.recipes.runner import find_stage
+from vlctl.recipes.tevi import mad as tevi_mad
+from vlctl.recipes.tevi import mad_clip
 
 
 def recall_at_1(scores: np.ndarray, relevant: np.ndarray) -> dict[str, float]:

@@ -45,11 +45,12 @@ from vlctl.data.mad import CATEGORIES, VALUES, load_mad
 from vlctl.eval.editing import conditioning_accuracy, latent_purity, leakage_accuracy
 from vlctl.eval.metrics import caption_relevance
 from vlctl.io import atomic_save_npz, atomic_write_json
-from vlctl.methods.sae import SparseAutoencoder
-from vlctl.methods.tevi import TEVI, conditioned_scores
-from vlctl.recipes import mad_clip
+from vlctl.methods.sae.model import SparseAutoencoder
+from vlctl.methods.tevi.estimator import TEVI
+from vlctl.methods.tevi.scoring import conditioned_scores
 from vlctl.recipes.runner import find_stage
-from vlctl.recipes.tevi_mad import contradicting_partners
+from vlctl.recipes.tevi import mad_clip
+from vlctl.recipes.tevi.mad import contradicting_partners
 
 EDITED = [c for c in CATEGORIES if c != "digit"]
 TARGET_EXCESS = {"learned": 10.5, "cg": 6.7}  # paper Table A2 / A1

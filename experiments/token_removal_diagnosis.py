@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from vlctl.data.scenes import CHECKLIST_CATEGORIES, load_checklist, load_scenes
-from vlctl.encoders import tiny_clip
+from vlctl.encoders import tiny_encoder
 from vlctl.io import atomic_write_json
-from vlctl.methods import relevancy as rel
+from vlctl.methods.threevl import relevancy as rel
 from vlctl.recipes.runner import find_stage
 
 FRACTIONS = (0.3, 0.5, 0.65)
@@ -56,7 +56,7 @@ def main() -> None:
     sub = [by_cat[str(c)][int(i)] for c, i in zip(saved["relevancy_item_category"], saved["relevancy_item_index"])]
     out: dict = {"run": str(args.run), "items": len(sub), "fractions": list(FRACTIONS)}
     for model, stage in STAGE_OF.items():
-        enc = tiny_clip.load_encoder(find_stage(stages, stage) / "model")
+        enc = tiny_encoder.load_tiny_encoder(find_stage(stages, stage) / "model")
         x = enc.preprocess_batch(np.asarray(test["images"]))[[it["index"] for it in sub]]
         tp = enc.encode_texts(enc.tokenize([it["pos"] for it in sub])).float()
         tn = enc.encode_texts(enc.tokenize([it["neg"] for it in sub])).float()

@@ -21,10 +21,11 @@ import numpy as np
 import torch
 
 from vlctl.data.scenes import CHECKLIST_CATEGORIES, load_checklist, load_scenes
-from vlctl.encoders import tiny_clip
-from vlctl.eval.checklist import checklist_accuracy, checklist_scores
+from vlctl.encoders import tiny_encoder, tiny_model, tiny_pretrained
+from vlctl.eval.checklist import checklist_scores
+from vlctl.eval.metrics import checklist_accuracy
 from vlctl.io import atomic_write_json, read_json
-from vlctl.methods.tree_tune import MODES, TreeTuner
+from vlctl.methods.threevl.tree_tune import MODES, TreeTuner
 from vlctl.recipes.runner import find_stage
 
 
@@ -46,7 +47,7 @@ def main() -> None:
     data, base, trees = (find_stage(args.stages, n) for n in ("data", "base", "trees"))
     ft, test = load_scenes(data / "finetune"), load_scenes(data / "test")
     t = read_json(trees / "trees.json", "trees")
-    model = tiny_clip.load_pretrained(base / "model")
+    model = tiny_pretrained.load_pretrained(base / "model")
     t0 = time.perf_counter()
     tuner = TreeTuner(mode=args.mode, alpha=0.5, level_reduction="mean", rank=args.rank, lora_alpha=float(args.rank),
                       lr=args.lr, epochs=args.epochs, batch_size=args.batch_size, warmup_steps=20, max_levels=8,
@@ -56,8 +57,8 @@ def main() -> None:
               trees=t["trees"], negatives=t["negatives"])
     seconds = time.perf_counter() - t0
     items = {c: load_checklist(data / "test", c) for c in CHECKLIST_CATEGORIES}
-    x_test = tiny_clip.preprocess_batch(np.asarray(test["images"]))
-    scores = checklist_scores(tiny_clip.TinyCLIPEncoder(tuner.merged_), x_test, items)
+    x_test = tiny_model.preprocess_batch(np.asarray(test["images"]))
+    scores = checklist_scores(tiny_encoder.TinyCLIPEncoder(tuner.merged_), x_test, items)
     acc = {c: checklist_accuracy(s) for c, s in scores.items()}
     acc["average"] = float(np.mean([acc[c] for c in CHECKLIST_CATEGORIES]))
     result = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

@@ -59,8 +59,8 @@ def _add_example(store: dict, kind: str, example) -> None:
 
 
 def study_trees(captions: list[str]) -> dict:
-    from vlctl.io import VlctlError
-    from vlctl.methods.trees import TreeGenerator
+    from vlctl.captions.trees import TreeGenerator
+    from vlctl.fsops import VlctlError
 
     t0 = time.perf_counter()
     gen = TreeGenerator()
@@ -140,8 +140,8 @@ def _diff_words(p: str, n: str) -> tuple[list[str], list[str]]:
 
 
 def study_anchor(files: list[Path]) -> dict:
-    from vlctl.io import VlctlError
-    from vlctl.methods.anchor import anchor_text
+    from vlctl.captions.anchor import anchor_text
+    from vlctl.fsops import VlctlError
 
     out = {}
     for path in files:
@@ -197,9 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     anchor = study_anchor([Path(args.sugarcrepe) / f"{name}.json" for name in ("replace_att", "replace_obj", "swap_att")])
     import nltk
 
+    from vlctl.captions.text import _nlp_id
+    from vlctl.captions.trees import GENERATOR_VERSION
     from vlctl.io import atomic_write_json
-    from vlctl.methods.negatives import _nlp_id
-    from vlctl.methods.trees import GENERATOR_VERSION
 
     result = {
         "command": "OMP_NUM_THREADS=1 python experiments/trees_coco.py" + (f" --limit {args.limit}" if args.limit else ""),

@@ -82,9 +82,11 @@ def _related(wn, word: str, new: str, pos: str) -> bool:
 def study(captions: list[str], sample_n: int, seed: int) -> tuple[dict, list[dict]]:
     import torch
 
-    from vlctl.methods import wordnet as wnmod
-    from vlctl.methods.negatives import article_for, get_nlp, zipf
-    from vlctl.methods.trees import TreeGenerator
+    from vlctl.captions import wordnet as wnmod
+    from vlctl.captions.inflection import article_for
+    from vlctl.captions.negatives import zipf
+    from vlctl.captions.text import get_nlp
+    from vlctl.captions.trees import TreeGenerator
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -185,8 +187,8 @@ def study(captions: list[str], sample_n: int, seed: int) -> tuple[dict, list[dic
     q = (lambda p: round(zs[min(len(zs) - 1, int(p * len(zs)))], 2)) if zs else (lambda p: None)
 
     # Anchor: tree pairs (a seeded sample) never refused, never equal sides
-    from vlctl.io import VlctlError
-    from vlctl.methods.anchor import anchor_text
+    from vlctl.captions.anchor import anchor_text
+    from vlctl.fsops import VlctlError
 
     def anchor_stats(pairs):
         ref, same, ex = 0, 0, []

@@ -75,7 +75,7 @@ def _jpegs(folder: Path, n: int, side: int = 256) -> list[Path]:
 
 def embedding(args, device: torch.device) -> tuple[dict, object]:
     from vlctl.embeddings.extract import ExtractConfig, embed_image_files
-    from vlctl.encoders import create
+    from vlctl.encoders.factory import create
 
     enc = create(f"open_clip:{args.model}", device=str(device), precision=args.precision,
                  batch_size=args.embed_batch_size)
@@ -104,8 +104,8 @@ def embedding(args, device: torch.device) -> tuple[dict, object]:
 
 
 def sae_and_tevi(args, device: torch.device, d: int) -> tuple[dict, dict]:
-    from vlctl.methods.sae import SparseAutoencoder
-    from vlctl.methods.tevi import TEVI
+    from vlctl.methods.sae.model import SparseAutoencoder
+    from vlctl.methods.tevi.estimator import TEVI
 
     rng = np.random.default_rng(0)
     batch = min(SAE_BATCH, args.sae_batch_size)
@@ -136,7 +136,8 @@ def lora(args, enc, device: torch.device) -> dict:
     import copy
 
     from vlctl.encoders.open_clip_encoder import autocast_for
-    from vlctl.methods.tree_tune import add_lora_peft, contrastive_loss, lora_parameters, negclip_loss, tree_loss
+    from vlctl.methods.threevl.lora import add_lora_peft, lora_parameters
+    from vlctl.methods.threevl.tree_tune import contrastive_loss, negclip_loss, tree_loss
     from vlctl.train.loop import LoopConfig, train
 
     captions = ["a man riding a red bike down a busy street", "two dogs playing with a ball on the grass",
@@ -187,7 +188,7 @@ def lora(args, enc, device: torch.device) -> dict:
 
 
 def controlembed(args, device: torch.device, d: int) -> dict:
-    from vlctl.methods.controlembed import ControlEmbed
+    from vlctl.methods.controlembed.estimator import ControlEmbed
 
     rng = np.random.default_rng(0)
     n = 2000

@@ -16,7 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vlctl.train import LoopConfig, all_gather_with_grad, destroy_distributed, sample_rng, seed_everything, train
+from vlctl.encoders.loss import all_gather_with_grad
+from vlctl.train.distributed import destroy_distributed
+from vlctl.train.loop import LoopConfig, sample_rng, seed_everything, train
 
 KINDS = ("contrastive", "mse")
 N, DIM = 64, 8
@@ -125,7 +127,7 @@ def controlembed_data():
 
 def controlembed_fit(kind: str, out_dir=None, **fit_kw):
     """The ControlEmbed fit of CE_KINDS[kind] (under torchrun: data-parallel)."""
-    from vlctl.methods.controlembed import ControlEmbed
+    from vlctl.methods.controlembed.estimator import ControlEmbed
 
     x, labels, cond, text = controlembed_data()
     est = ControlEmbed(**{**CE_CFG, **CE_KINDS[kind]}, out_dir=out_dir)
@@ -138,7 +140,7 @@ def controlembed_episode_grad(sharded: bool):
     one process, or each rank's anchors with the gradients averaged as DDP averages them."""
     import torch.distributed as dist
 
-    from vlctl.methods.controlembed_fit import controlembed_loss, sharded_loss
+    from vlctl.methods.controlembed.fit import controlembed_loss, sharded_loss
     from vlctl.train.distributed import rank_and_world, shard_rows
 
     g = torch.Generator().manual_seed(5)

@@ -16,12 +16,12 @@ from vlctl.cli import main
 @pytest.fixture(scope="module")
 def scenes(tmp_path_factory):
     from vlctl.data.scenes import ScenesConfig, generate_scenes
-    from vlctl.encoders import tiny_clip
+    from vlctl.encoders import tiny_model, tiny_pretrained
 
     d = tmp_path_factory.mktemp("audit_scenes")
     data = generate_scenes(ScenesConfig(n=24, split="test", workers=1), d / "test")
-    base = tiny_clip.create_model("scenes-quick", seed=0, vision_layers=1, text_layers=1)
-    tiny_clip.save_pretrained(base, d / "base")
+    base = tiny_model.create_model("scenes-quick", seed=0, vision_layers=1, text_layers=1)
+    tiny_pretrained.save_pretrained(base, d / "base")
     return Path(data), d / "base"
 
 
@@ -77,7 +77,7 @@ def test_audit_scenes_tinyclip_numbers_match_the_saved_arrays(scenes, tmp_path, 
 @pytest.mark.slow
 def test_audit_repair_refuses_or_keeps_by_retrieval(scenes, tmp_path):
     from vlctl.audit import run_audit
-    from vlctl.encoders import create
+    from vlctl.encoders.factory import create
 
     data, base = scenes
     enc = create(f"tiny:{base}")

@@ -12,7 +12,8 @@ import torch
 
 from vlctl.embeddings.cache import EmbeddingCache, cache_key, embed, open_cache
 from vlctl.encoders.base import Encoder
-from vlctl.io import VlctlError, sha256_json
+from vlctl.fsops import VlctlError
+from vlctl.io import sha256_json
 
 SIZE = 4  # images are SIZE x SIZE x 3
 CONTEXT = 12  # longest text the tokenizer accepts

@@ -153,7 +153,8 @@ def test_handler_checks_are_one_line_and_come_before_the_work(store, tmp_path, c
 def test_eval_annotations_with_a_number_for_an_image_are_one_line(tmp_path, capsys):
     import json
 
-    from vlctl.encoders import create_model, save_pretrained
+    from vlctl.encoders.tiny_model import create_model
+    from vlctl.encoders.tiny_pretrained import save_pretrained
 
     save_pretrained(create_model("mad-quick", seed=0), tmp_path / "model")
     (tmp_path / "root").mkdir()
@@ -165,7 +166,7 @@ def test_eval_annotations_with_a_number_for_an_image_are_one_line(tmp_path, caps
 
 def test_a_long_user_value_is_not_echoed_whole():
     from vlctl.cli import _one_line
-    from vlctl.io import VlctlError
+    from vlctl.fsops import VlctlError
 
     caption = " ".join(["word"] * 10_000)
     line = _one_line(VlctlError(f"caption {caption!r} is too long\nsecond line"))

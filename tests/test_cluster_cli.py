@@ -12,9 +12,10 @@ from PIL import Image
 
 from vlctl.cli import main
 from vlctl.embeddings.store import open_gallery
-from vlctl.encoders import create_model, save_pretrained
-from vlctl.io import VlctlError
-from vlctl.methods.controlembed import ControlEmbed, normalize_rows
+from vlctl.encoders.tiny_model import create_model
+from vlctl.encoders.tiny_pretrained import save_pretrained
+from vlctl.fsops import VlctlError
+from vlctl.methods.controlembed.estimator import ControlEmbed, normalize_rows
 from vlctl.report.contact_sheet import write_contact_sheet
 
 COLORS = {"red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220)}
@@ -97,7 +98,7 @@ def indexed(tmp_path_factory):
     labels = {"color": [None] * 12, "size": [None] * 12}
     for i, row in enumerate(order):
         labels["color"][row], labels["size"][row] = color_of[i], size_of[i]
-    from vlctl.encoders import create
+    from vlctl.encoders.factory import create
 
     enc = create(f"tiny:{root / 'model'}")
     with torch.no_grad():
@@ -198,7 +199,7 @@ def test_cluster_embedding_cache_with_its_dataset_images(tmp_path, capsys):
     from vlctl.data.mad import load_mad, mad_dataset_id
     from vlctl.data.shapes import ShapesConfig, generate_shapes
     from vlctl.embeddings.cache import embed
-    from vlctl.encoders import TinyCLIPEncoder
+    from vlctl.encoders.tiny_encoder import TinyCLIPEncoder
 
     data_dir = generate_shapes(ShapesConfig(n=24, image_size=28, workers=1), tmp_path / "shapes")
     data = load_mad(data_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlctl.methods.tevi_scoring import conditioned_scores, rerank
+from vlctl.methods.tevi.scoring import conditioned_scores, rerank
 
 P, Q, D1, D, K = 7, 5, 12, 6, 4
 
@@ -98,7 +98,7 @@ def test_rerank_breaks_base_ties_by_index():
 @pytest.mark.parametrize("method", ["auto", "direct", "embed", "gram"])
 @pytest.mark.parametrize("n_pairs,text_chunk", [(3, 64), (200, 64), (200, 2)])  # few/many pairs per image; text chunks
 def test_pair_scores_equal_the_full_matrix_at_the_listed_pairs(n_pairs, text_chunk, method):
-    from vlctl.methods.tevi_scoring import pair_scores
+    from vlctl.methods.tevi.scoring import pair_scores
 
     latents, masks, decoder, b_pre, text = _inputs(torch.float64, seed=3)
     g = torch.Generator().manual_seed(1)
@@ -111,7 +111,7 @@ def test_pair_scores_equal_the_full_matrix_at_the_listed_pairs(n_pairs, text_chu
 
 
 def test_pair_scores_refuses_an_unknown_method():
-    from vlctl.methods.tevi_scoring import pair_scores
+    from vlctl.methods.tevi.scoring import pair_scores
 
     latents, masks, decoder, b_pre, text = _inputs(torch.float64, seed=3)
     with pytest.raises(ValueError, match="method"):
@@ -119,7 +119,7 @@ def test_pair_scores_refuses_an_unknown_method():
 
 
 def test_pair_method_follows_the_multiply_add_counts():
-    from vlctl.methods.tevi_scoring import pair_method
+    from vlctl.methods.tevi.scoring import pair_method
 
     d, d1, k = 512, 16384, 128
     assert pair_method(100, 100, 1, d, d1, k) == "direct"  # one query's candidates
@@ -147,7 +147,7 @@ def test_dense_path_in_several_blocks():
 @pytest.mark.parametrize("texts", [[0, 1, 2, 3], [0, 2, 4]])  # contiguous texts (mask rows as a view), or not
 def test_pair_scores_embed_with_equal_pairs_per_text(texts):
     """A t2i rerank's layout, every text with the same number of pairs (the gather fast path)."""
-    from vlctl.methods.tevi_scoring import pair_scores
+    from vlctl.methods.tevi.scoring import pair_scores
 
     latents, masks, decoder, b_pre, text = _inputs(torch.float64, seed=4)
     g = torch.Generator().manual_seed(2)
@@ -161,7 +161,7 @@ def test_pair_scores_embed_with_equal_pairs_per_text(texts):
 
 
 def test_pair_scores_of_no_pairs_is_empty_for_every_method():
-    from vlctl.methods.tevi_scoring import PAIR_METHODS, pair_scores
+    from vlctl.methods.tevi.scoring import PAIR_METHODS, pair_scores
 
     latents, masks, decoder, b_pre, text = _inputs(torch.float64, seed=5)
     none = torch.zeros(0, dtype=torch.long)
@@ -173,7 +173,7 @@ def test_pair_scores_embed_in_worker_threads_equals_one_thread_and_keeps_the_mod
     """pass 2 over image ranges in Python threads (several intra-op threads) gives exactly the
     one-thread scores, runs under the caller's inference mode and no-grad (both per thread), and
     leaves the intra-op thread count as it was."""
-    from vlctl.methods.tevi_scoring import pair_scores
+    from vlctl.methods.tevi.scoring import pair_scores
 
     latents, masks, decoder, b_pre, text = _inputs(torch.float32, seed=6)
     decoder.requires_grad_(True)  # as a learned decoder is: no graph may be built under no_grad / inference

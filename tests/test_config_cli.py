@@ -14,7 +14,8 @@ from vlctl.config import (
     load_config,
     opt,
 )
-from vlctl.io import VlctlError, atomic_dir, atomic_write_json, sha256_json
+from vlctl.fsops import VlctlError
+from vlctl.io import atomic_dir, atomic_write_json, sha256_json
 
 
 @dataclasses.dataclass(frozen=True)

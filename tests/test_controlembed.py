@@ -1,4 +1,4 @@
-"""ControlEmbed (vlctl.methods.controlembed): the hypernetwork, its loss, the estimator and its bad input."""
+"""ControlEmbed (vlctl.methods.controlembed.estimator): the hypernetwork, its loss, the estimator and its bad input."""
 
 import math
 import warnings
@@ -8,18 +8,17 @@ import pytest
 import torch
 
 from vlctl.eval.metrics import mean_average_precision
-from vlctl.io import VlctlError
-from vlctl.methods.controlembed import (
+from vlctl.fsops import VlctlError
+from vlctl.methods.controlembed.estimator import (
     AffineHyperNet,
     ControlEmbed,
     ControlEmbedConfig,
     UntrainedAttributeWarning,
-    controlembed_loss,
     kmeans_labels,
     normalize_rows,
-    prompt_ensemble,
-    text_subspace_projection,
 )
+from vlctl.methods.controlembed.fit import controlembed_loss
+from vlctl.methods.controlembed.prompts import prompt_ensemble, text_subspace_projection
 
 COND = {"color": np.array([1.0, 0.0, 0.0, 0.0]), "shape": np.array([0.0, 1.0, 0.0, 0.0])}
 
@@ -77,7 +76,7 @@ def test_bad_parameterisation_is_refused():
 
 
 def reference_loss(q, g, y, text, tau, omega):
-    """The loss written out with python loops (module docstring of vlctl.methods.controlembed)."""
+    """The loss written out with python loops (module docstring of vlctl.methods.controlembed.estimator)."""
     n, k = len(q), len(text)
     sr_terms = []
     for i in range(n):

@@ -1,7 +1,7 @@
 """ControlEmbed's hypernetwork fit under torchrun (2 CPU processes, gloo) equals the one-process fit.
 
 Every rank builds the step's whole episode and takes its share of the anchors
-(`vlctl.methods.controlembed_fit`); DDP averages the ranks' gradients. Checked at three levels:
+(`vlctl.methods.controlembed.fit`); DDP averages the ranks' gradients. Checked at three levels:
 one episode's loss, logged terms and gradient (the decomposition itself, exact up to rounding and
 sensitive to a wrong world-size factor, which AdamW's scale invariance could hide in a fit); each
 parameterisation's fitted weights and final loss (episodes of 9 anchors, split 5 / 4, so the
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import ddp_worker
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def test_one_episode_sharded_loss_and_gradient_equal_the_whole_episode(ddp):
 
 @pytest.mark.parametrize("kind", list(ddp_worker.CE_KINDS))
 def test_ddp_fit_equals_the_one_process_fit(ddp, kind, tmp_path):
-    from vlctl.methods.controlembed import AffineHyperNet
+    from vlctl.methods.controlembed.estimator import AffineHyperNet
 
     _, saved = ddp
     got, got_loss = saved[kind]

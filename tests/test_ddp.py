@@ -62,7 +62,7 @@ def test_a_cuda_index_names_that_gpu(monkeypatch):
     loop's device then is that GPU (it used to refuse every "cuda:N")."""
     import torch
 
-    from vlctl.io import VlctlError
+    from vlctl.fsops import VlctlError
     from vlctl.train.distributed import _pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -17,6 +17,7 @@ text files (src/, tests/, experiments/, benchmarks/, docs/):
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,54 @@ def test_no_bare_methods_or_design_citation(corpus):
            for f, text in corpus.items() for m in BARE.finditer(text)]
     assert not bad, ("cite docs/methods.md or docs/design.md, not the bare names (not in the repository):\n"
                      + "\n".join(bad))
+
+
+# --- links between the README and docs/ --------------------------------------------------------
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+README_MAX_LINES = 300  # a README that reads in ten minutes; the long results live in docs/
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but hyphens dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", "")).replace(" ", "-")
+
+
+def link_problems(md: Path) -> list[str]:
+    """Every relative link of `md` (outside code blocks) whose file, or whose #anchor in a Markdown
+    file, does not exist. Links with a scheme (https:, mailto:) are not followed."""
+    out, fenced = [], False
+    for i, line in enumerate(md.read_text(encoding="utf-8").splitlines(), 1):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+            continue
+        for target in [] if fenced else LINK.findall(line):
+            if re.match(r"^[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (md.parent / path).resolve() if path else md
+            if not dest.exists():
+                out.append(f"{where(md)}:{i}: {target}: no such file")
+            elif anchor and dest.suffix == ".md" and anchor not in {slug(h) for h in headings(dest)}:
+                out.append(f"{where(md)}:{i}: {target}: no heading #{anchor} in {where(dest)}")
+    return out
+
+
+def test_slug_and_link_checker(tmp_path, monkeypatch):
+    assert slug("Why torch 2.14.1") == "why-torch-2141" and slug("The demo's time") == "the-demos-time"
+    assert slug("Recipes on several GPUs") == "recipes-on-several-gpus"
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "a.md").write_text("# Top\n## Two words\n[ok](b.md#end) [bad](b.md#nope) [gone](c.md)\n"
+                                   "[self](#two-words) [web](https://x.org/y)\n```\n[code](missing.md)\n```\n")
+    (tmp_path / "b.md").write_text("# End\n")
+    assert link_problems(tmp_path / "a.md") == ["a.md:3: b.md#nope: no heading #nope in b.md", "a.md:3: c.md: no such file"]
+
+
+def test_readme_and_docs_links_resolve():
+    problems = [p for md in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))] for p in link_problems(md)]
+    assert not problems, "\n".join(problems)
+
+
+def test_readme_reads_in_ten_minutes():
+    n = len((ROOT / "README.md").read_text(encoding="utf-8").splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines (at most {README_MAX_LINES}: move detail to docs/)"

@@ -133,7 +133,7 @@ def test_named_random_weights_log_no_warning(caplog):
     spec are what the user asked for, so the warning is dropped (its id says random-seed0)."""
     import logging
 
-    from vlctl.encoders import create
+    from vlctl.encoders.factory import create
 
     with caplog.at_level(logging.WARNING):
         enc = create(SPEC)

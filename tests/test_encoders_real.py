@@ -18,8 +18,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from vlctl.encoders import Encoder, create, create_model, save_pretrained
-from vlctl.io import VlctlError
+from vlctl.encoders.base import Encoder
+from vlctl.encoders.factory import create
+from vlctl.encoders.tiny_model import create_model
+from vlctl.encoders.tiny_pretrained import save_pretrained
+from vlctl.fsops import VlctlError
 
 TINY_VIT = "vlctl-test-vit"
 TINY_SIGVIT = "vlctl-test-sigvit"  # 'siglip' must not be in the name: open_clip would fetch a SigLIP tokenizer
@@ -382,7 +385,7 @@ def test_bf16_autocast_close_to_fp32(oc_vit):
 def test_open_clip_gallery_from_image_files(oc_vit, tmp_path):
     from vlctl.embeddings.build import index_images
     from vlctl.embeddings.extract import ExtractConfig
-    from vlctl.index import open_gallery
+    from vlctl.embeddings.store import open_gallery
 
     paths = []
     for i, im in enumerate(_images(5)):

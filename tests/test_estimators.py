@@ -15,13 +15,13 @@ import torch
 
 from vlctl.artifacts import CONFIG_FILE
 from vlctl.cli import methods as cli
-from vlctl.encoders import tiny_clip
-from vlctl.io import VlctlError
+from vlctl.encoders import tiny_config, tiny_model
+from vlctl.fsops import VlctlError
 from vlctl.methods.base import Estimator, UnknownParameterError, embedding_set
-from vlctl.methods.controlembed import AffineHyperNet, ControlEmbed, ControlEmbedConfig
-from vlctl.methods.sae import SparseAutoencoder
-from vlctl.methods.tevi import TEVI
-from vlctl.methods.tree_tune import TreeTuner
+from vlctl.methods.controlembed.estimator import AffineHyperNet, ControlEmbed, ControlEmbedConfig
+from vlctl.methods.sae.model import SparseAutoencoder
+from vlctl.methods.tevi.estimator import TEVI
+from vlctl.methods.threevl.tree_tune import TreeTuner
 
 D = 8
 COND = {"color": np.array([1.0, 0.0, 0.0]), "shape": np.array([0.0, 1.0, 0.0])}
@@ -38,7 +38,7 @@ def _emb(n=96, d=D, seed=0):
 
 
 def _tiny():
-    return tiny_clip.create_model(tiny_clip.TinyCLIPConfig(
+    return tiny_model.create_model(tiny_config.TinyCLIPConfig(
         name="t", image_size=16, patch_size=4, vision_width=16, vision_layers=1, vision_heads=2, text_width=16,
         text_layers=1, text_heads=2, context_length=8, vocab=VOCAB, embed_dim=8), seed=0)
 
@@ -177,7 +177,7 @@ def test_tree_tuner_load_rebuilds_the_adapted_model_on_its_base(fitted, tmp_path
         for a, b in zip(back.model_(x, texts), est.model_(x, texts)):
             torch.testing.assert_close(a, b)
     with pytest.raises(VlctlError, match="refusing to load them"):
-        TreeTuner.load(path, base=tiny_clip.create_model(_tiny().config, seed=1))
+        TreeTuner.load(path, base=tiny_model.create_model(_tiny().config, seed=1))
     with pytest.raises(VlctlError, match="first argument is the data"):
         TreeTuner().fit(_tiny(), CAPTIONS, model=_tiny())
 

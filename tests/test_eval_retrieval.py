@@ -11,9 +11,11 @@ import torch
 from PIL import Image
 
 from vlctl.cli import main
-from vlctl.encoders import create, create_model, save_pretrained
+from vlctl.encoders.factory import create
+from vlctl.encoders.tiny_model import create_model
+from vlctl.encoders.tiny_pretrained import save_pretrained
 from vlctl.eval.retrieval import embed_texts, retrieval_recall, rococo_recall
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 ROCOCO = SHARED / "rococo" / "same_concept_first300.json"

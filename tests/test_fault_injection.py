@@ -143,11 +143,13 @@ def write_photos(folder: Path, n: int, seed: int) -> Path:
 
 def tiny_model(root: Path) -> tuple[Path, Path]:
     """(a TinyCLIP config JSON, a saved TinyCLIP of it) of 8-d embeddings."""
-    from vlctl.encoders import save_pretrained, tiny_clip
+    from vlctl.encoders.tiny_config import MAD_VALUES
+    from vlctl.encoders.tiny_model import create_model
+    from vlctl.encoders.tiny_pretrained import save_pretrained
 
     cfg = root / "tiny.json"
-    cfg.write_text(json.dumps({**TINY, "vocab": list(tiny_clip.MAD_VALUES)}))
-    save_pretrained(tiny_clip.create_model(str(cfg), seed=0), root / "model")
+    cfg.write_text(json.dumps({**TINY, "vocab": list(MAD_VALUES)}))
+    save_pretrained(create_model(str(cfg), seed=0), root / "model")
     return cfg, root / "model"
 
 
@@ -214,9 +216,9 @@ def run_state(out: Path) -> tuple:
         weights = sha(ckpt / "model.safetensors")
     recover_dir(out / "model")
     if (out / "model").exists():
-        from vlctl.encoders import tiny_clip
+        from vlctl.encoders import tiny_pretrained
 
-        tiny_clip.load_pretrained(out / "model")
+        tiny_pretrained.load_pretrained(out / "model")
         model = sha(out / "model" / "model.safetensors")
     return step, weights, model
 

@@ -12,9 +12,12 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from vlctl.encoders import TinyCLIPConfig, TinyCLIPEncoder, create_model
-from vlctl.io import VlctlError
-from vlctl.methods import relevancy as rel
+from vlctl.encoders.tiny_config import TinyCLIPConfig
+from vlctl.encoders.tiny_encoder import TinyCLIPEncoder
+from vlctl.encoders.tiny_model import create_model
+from vlctl.fsops import VlctlError
+from vlctl.methods.threevl import explain
+from vlctl.methods.threevl import relevancy as rel
 from vlctl.report import overlays as ov
 from vlctl.report.contact_sheet import DEFAULT_THUMB, _fit_name, write_contact_sheet
 
@@ -42,11 +45,11 @@ def _wide(h: int = 30, w: int = 90) -> np.ndarray:
 
 def test_letterbox_keeps_the_whole_image(tiny):
     img = _wide()
-    box = rel.letterbox(img)
+    box = explain.letterbox(img)
     assert box.image.shape == (90, 90, 3) and (box.top, box.left, box.height, box.width) == (30, 0, 30, 90)
-    assert np.array_equal(box.image[30:60], img) and (box.image[:30] == rel.LETTERBOX_FILL).all()
+    assert np.array_equal(box.image[30:60], img) and (box.image[:30] == explain.LETTERBOX_FILL).all()
     assert box.region == (1 / 3, 0.0, 2 / 3, 1.0)
-    assert np.array_equal(rel.letterbox(img[:, :30]).image, img[:, :30])  # a square image: unchanged
+    assert np.array_equal(explain.letterbox(img[:, :30]).image, img[:, :30])  # a square image: unchanged
     # The model input of the letterboxed image has the red and blue edges; the centre crop has neither.
     x_box = tiny.preprocess(box.image)
     x_crop = tiny.preprocess(img)
@@ -58,21 +61,21 @@ def test_letterbox_keeps_the_whole_image(tiny):
 def test_map_onto_image_matches_bilinear_upsampling_and_drops_the_padding():
     r = np.random.default_rng(0).random((4, 4)).astype(np.float32)
     full = F.interpolate(torch.from_numpy(r)[None, None], size=(90, 90), mode="bilinear", align_corners=False)[0, 0]
-    np.testing.assert_allclose(rel.map_onto_image(r, (90, 90)), full.numpy(), atol=1e-6)
-    box = rel.letterbox(_wide())
-    on_image = rel.map_onto_image(r, (30, 90), box.region)
+    np.testing.assert_allclose(explain.map_onto_image(r, (90, 90)), full.numpy(), atol=1e-6)
+    box = explain.letterbox(_wide())
+    on_image = explain.map_onto_image(r, (30, 90), box.region)
     np.testing.assert_allclose(on_image, full.numpy()[30:60], atol=1e-6)  # the square's image rows
     # Relevancy on the padding rows only (grid rows 0 and 3) is not drawn on the image (nearest).
     pad_only = np.zeros((4, 4), np.float32)
     pad_only[[0, 3]] = 1.0
-    assert (rel.map_onto_image(pad_only, (30, 90), box.region, smooth=False) == 0).all()
+    assert (explain.map_onto_image(pad_only, (30, 90), box.region, smooth=False) == 0).all()
     # A map hot at its left column is hot at the image's left side: the sides are drawn.
     left = np.zeros((4, 4), np.float32)
     left[:, 0] = 1.0
-    m = rel.map_onto_image(left, (30, 90), box.region)
+    m = explain.map_onto_image(left, (30, 90), box.region)
     assert m[:, :5].min() > 0.9 and m[:, -30:].max() == 0
     with pytest.raises(VlctlError, match="region"):
-        rel.map_onto_image(r, (30, 90), (0.5, 0, 0.2, 1))
+        explain.map_onto_image(r, (30, 90), (0.5, 0, 0.2, 1))
 
 
 def test_explain_sees_the_sides_of_a_wide_image(tiny):
@@ -81,19 +84,19 @@ def test_explain_sees_the_sides_of_a_wide_image(tiny):
     other = img.copy()
     other[:, :24] = (20, 220, 20)
     other[:, -24:] = (240, 240, 0)
-    a = rel.explain_maps(tiny, img, "red circle", fit="letterbox")
-    b = rel.explain_maps(tiny, other, "red circle", fit="letterbox")
+    a = explain.explain_maps(tiny, img, "red circle", fit="letterbox")
+    b = explain.explain_maps(tiny, other, "red circle", fit="letterbox")
     assert a["shown"].shape == img.shape and a["region"] == (1 / 3, 0.0, 2 / 3, 1.0)
     assert not np.allclose(a["maps"]["hilacam_positive"], b["maps"]["hilacam_positive"])
-    c = rel.explain_maps(tiny, img, "red circle", fit="crop")
-    d = rel.explain_maps(tiny, other, "red circle", fit="crop")
+    c = explain.explain_maps(tiny, img, "red circle", fit="crop")
+    d = explain.explain_maps(tiny, other, "red circle", fit="crop")
     assert c["shown"].shape == (48, 48, 3)
     np.testing.assert_allclose(c["maps"]["hilacam_positive"], d["maps"]["hilacam_positive"])
     # the map drawn over the whole image is non-zero at both sides
-    m = rel.map_onto_image(a["maps"]["hilacam_positive"], img.shape[:2], a["region"])
+    m = explain.map_onto_image(a["maps"]["hilacam_positive"], img.shape[:2], a["region"])
     assert m[:, :10].max() > 0 and m[:, -10:].max() > 0
     with pytest.raises(VlctlError, match="fit must be"):
-        rel.explain_maps(tiny, img, "red", fit="stretch")
+        explain.explain_maps(tiny, img, "red", fit="stretch")
 
 
 # --- colour scales and overlays -------------------------------------------------------------------
@@ -134,7 +137,7 @@ def test_explain_figures_share_a_scale_and_are_large(tiny, tmp_path, monkeypatch
     seen = {}
     real = ov.save_overlay
 
-    def spy(path, image, relevancy, title="", scale=None, region=rel.FULL_REGION, note="", pixelated=False):
+    def spy(path, image, relevancy, title="", scale=None, region=explain.FULL_REGION, note="", pixelated=False):
         seen[path.stem] = (scale, title, image.shape, region)
         return real(path, image, relevancy, title, scale, region, note, pixelated)
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import ddp_worker
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, EVERY, KILL_STEP = 60, 25, 50
@@ -42,7 +42,7 @@ def one_thread():
 
 
 def ce_fit(out_dir, resume: bool = False, encoder_id: str = "toy", **cfg):
-    from vlctl.methods.controlembed import ControlEmbed
+    from vlctl.methods.controlembed.estimator import ControlEmbed
 
     x, labels, cond, text = ddp_worker.controlembed_data()
     x = cfg.pop("x", x)
@@ -59,7 +59,7 @@ def tevi_data(seed: int = 0):
 
 def sae_dir(root: Path, seed: int = 0) -> Path:
     """A tiny SAE over tevi_data's images, fitted once and saved (the child loads the same one)."""
-    from vlctl.methods.sae import SparseAutoencoder
+    from vlctl.methods.sae.model import SparseAutoencoder
 
     path = root / f"sae-{seed}"
     if not path.is_dir():
@@ -69,8 +69,8 @@ def sae_dir(root: Path, seed: int = 0) -> Path:
 
 
 def tevi_fit(out_dir, resume: bool = False, sae_seed: int = 0, **cfg):
-    from vlctl.methods.sae import SparseAutoencoder
-    from vlctl.methods.tevi import TEVI
+    from vlctl.methods.sae.model import SparseAutoencoder
+    from vlctl.methods.tevi.estimator import TEVI
 
     x, t = tevi_data()
     sae = SparseAutoencoder.load(sae_dir(Path(out_dir).parent, sae_seed))
@@ -206,9 +206,9 @@ def test_a_checkpoint_of_another_fit_is_refused(checkpoints, kind, change, field
 
 
 def test_resume_needs_out_dir_and_a_checkpoint(tmp_path):
-    from vlctl.methods.controlembed import ControlEmbed
-    from vlctl.methods.sae import SparseAutoencoder
-    from vlctl.methods.tevi import TEVI
+    from vlctl.methods.controlembed.estimator import ControlEmbed
+    from vlctl.methods.sae.model import SparseAutoencoder
+    from vlctl.methods.tevi.estimator import TEVI
 
     x, labels, cond, _ = ddp_worker.controlembed_data()
     with pytest.raises(VlctlError, match="ControlEmbed.fit: checkpoint_every / resume need out_dir"):
@@ -249,8 +249,8 @@ def test_the_controlembed_fit_stage_resumes_after_a_kill(tmp_path, monkeypatch, 
     the uninterrupted stage saves, final loss included. A checkpoint of another number of ranks
     (`other_ranks`: as if written by 2) is not resumed (the fit would refuse it): that model is
     fitted again, and the stage still finishes."""
-    from vlctl.methods.controlembed import ControlEmbed
-    from vlctl.recipes import controlembed_real as ce
+    from vlctl.methods.controlembed.estimator import ControlEmbed
+    from vlctl.recipes.controlembed import real as ce
     from vlctl.train import loop
 
     x, labels, _, _ = ddp_worker.controlembed_data()
@@ -289,8 +289,8 @@ def test_the_controlembed_fit_stage_resumes_after_a_kill(tmp_path, monkeypatch, 
 
 
 def test_the_tevi_mask_stage_resumes_after_a_kill(tmp_path, monkeypatch):
-    from vlctl.methods.tevi import TEVI
-    from vlctl.recipes import tevi_coco
+    from vlctl.methods.tevi.estimator import TEVI
+    from vlctl.recipes.tevi import coco as tevi_coco
     from vlctl.train import loop
 
     x, t = tevi_data()

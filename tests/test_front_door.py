@@ -21,17 +21,14 @@ import torch
 from PIL import Image
 
 import vlctl
-from vlctl.encoders import (
-    Encoder,
-    TinyCLIPConfig,
-    create,
-    create_model,
-    load_tiny_encoder,
-    parse_spec,
-    save_pretrained,
-)
+from vlctl.encoders.base import Encoder
+from vlctl.encoders.factory import ParsedSpec, create, parse_spec
+from vlctl.encoders.tiny_config import TinyCLIPConfig
+from vlctl.encoders.tiny_encoder import TinyCLIPEncoder, load_tiny_encoder
+from vlctl.encoders.tiny_model import create_model
+from vlctl.encoders.tiny_pretrained import save_pretrained
+from vlctl.fsops import VlctlError
 from vlctl.images import ImageDecodeError
-from vlctl.io import VlctlError
 
 VIT = "vlctl-fd-vit"
 VIT_CFG = {
@@ -127,8 +124,8 @@ def test_import_vlctl_is_light_and_load_encoder_is_lazy():
         "assert 'torch' not in sys.modules and 'vlctl.encoders' not in sys.modules, sorted(sys.modules)\n"
         "assert 'load_encoder' in dir(vlctl)\n"
         "f = vlctl.load_encoder\n"
-        "import vlctl.encoders\n"
-        "assert f is vlctl.encoders.load_encoder and 'torch' in sys.modules\n"
+        "import vlctl.encoders.factory\n"
+        "assert f is vlctl.encoders.factory.load_encoder and 'torch' in sys.modules\n"
     )
     env = {**os.environ, "PYTHONPATH": SRC}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True, text=True)
@@ -142,11 +139,11 @@ def test_import_vlctl_is_light_and_load_encoder_is_lazy():
 
 
 def test_parse_spec_grammar(tmp_path):
-    assert parse_spec("open_clip:ViT-B-32") == vlctl.encoders.ParsedSpec("open_clip", "ViT-B-32", None)
+    assert parse_spec("open_clip:ViT-B-32") == ParsedSpec("open_clip", "ViT-B-32", None)
     assert parse_spec("open_clip:ViT-B-32?seed=3").seed == 3
     assert parse_spec("open_clip:ViT-B-32?seed=007").seed == 7
-    assert parse_spec("hf:/x/y?seed=0") == vlctl.encoders.ParsedSpec("hf", "/x/y", 0)
-    assert parse_spec(tmp_path) == vlctl.encoders.ParsedSpec("tiny", str(tmp_path))  # os.PathLike
+    assert parse_spec("hf:/x/y?seed=0") == ParsedSpec("hf", "/x/y", 0)
+    assert parse_spec(tmp_path) == ParsedSpec("tiny", str(tmp_path))  # os.PathLike
     assert parse_spec(str(tmp_path)).kind == "tiny"  # a bare directory
     assert parse_spec("runs/not-there").kind == "tiny"  # path-like: loading says "directory not found"
     for bad, msg in [
@@ -262,7 +259,7 @@ def test_specs_are_canonical_and_rebuild_from_another_directory(oc_config_dir, h
         assert vlctl.load_encoder(canonical).spec == canonical
     # hub names stay as they are; an in-memory model has no spec
     assert parse_spec("hf:openai/clip-vit-base-patch32").body == "openai/clip-vit-base-patch32"
-    assert vlctl.encoders.TinyCLIPEncoder(create_model(TinyCLIPConfig(**TINY), seed=0)).spec is None
+    assert TinyCLIPEncoder(create_model(TinyCLIPConfig(**TINY), seed=0)).spec is None
 
 
 def test_load_encoder_keeps_each_kinds_defaults(oc_config_dir, tiny_dir):

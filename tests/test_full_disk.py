@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from test_fault_injection import inputs, leftovers, mad_args, store_args, store_state  # noqa: F401
-from vlctl.io import VlctlError, atomic_write_bytes, open_memmap
+from vlctl.fsops import VlctlError
+from vlctl.io import atomic_write_bytes, open_memmap
 
 
 @pytest.fixture()

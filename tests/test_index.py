@@ -10,9 +10,12 @@ import torch
 
 import vlctl.embeddings.store as gallery_mod
 import vlctl.embeddings.table as table_mod
-from vlctl.encoders import TinyCLIPEncoder, create_model
-from vlctl.index import IndexConfig, create_gallery, exact_rerank, open_gallery, open_or_create_gallery
-from vlctl.io import VlctlError
+from vlctl.embeddings.results import exact_rerank
+from vlctl.embeddings.search import IndexConfig
+from vlctl.embeddings.store import create_gallery, open_gallery, open_or_create_gallery
+from vlctl.encoders.tiny_encoder import TinyCLIPEncoder
+from vlctl.encoders.tiny_model import create_model
+from vlctl.fsops import VlctlError
 
 ENC = "test-encoder@0123456789abcdef"
 
@@ -265,7 +268,8 @@ def _png_claiming_size(path, width: int, height: int) -> None:
 
 
 def test_embed_image_files_skips_bad_images(tmp_path):
-    from vlctl.embeddings.extract import ExtractConfig, ImageDecodeError, embed_image_files, read_image
+    from vlctl.embeddings.extract import ExtractConfig, embed_image_files
+    from vlctl.images import ImageDecodeError, read_image
 
     enc = TinyCLIPEncoder(create_model("mad-quick", seed=0))
     good = _write_images(tmp_path, 9)
@@ -306,7 +310,7 @@ def _run_cli(argv, capsys):
 
 
 def test_cli_index_and_search(tmp_path, capsys):
-    from vlctl.encoders import save_pretrained
+    from vlctl.encoders.tiny_pretrained import save_pretrained
 
     save_pretrained(create_model("mad-quick", seed=0), tmp_path / "model")
     save_pretrained(create_model("mad-quick", seed=1), tmp_path / "other")
@@ -384,7 +388,7 @@ def test_index_under_torchrun_equals_one_process(tmp_path, capsys):
     import sys
     from pathlib import Path
 
-    from vlctl.encoders import save_pretrained
+    from vlctl.encoders.tiny_pretrained import save_pretrained
 
     root = Path(__file__).resolve().parents[1]
     save_pretrained(create_model("mad-quick", seed=0), tmp_path / "model")
@@ -435,8 +439,8 @@ def test_bad_row_mid_add_leaves_gallery_and_its_index_intact(tmp_path, monkeypat
 def test_cli_search_by_image_and_attribute(tmp_path, capsys):
     """ControlEmbed query mode over a frozen gallery: the CLI's hits equal ControlEmbed.search."""
     from vlctl.embeddings.store import open_gallery
-    from vlctl.encoders import save_pretrained
-    from vlctl.methods.controlembed import ControlEmbed
+    from vlctl.encoders.tiny_pretrained import save_pretrained
+    from vlctl.methods.controlembed.estimator import ControlEmbed
 
     save_pretrained(create_model("mad-quick", seed=0), tmp_path / "model")
     paths = _write_images(tmp_path / "photos", 12)

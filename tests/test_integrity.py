@@ -25,7 +25,8 @@ import torch
 
 from vlctl.cli import main
 from vlctl.embeddings.store import create_store, open_or_create_store, open_store
-from vlctl.io import FAST_BLOCK, FAST_BLOCKS, FAST_FULL, VlctlError
+from vlctl.fsops import VlctlError
+from vlctl.io import FAST_BLOCK, FAST_BLOCKS, FAST_FULL
 from vlctl.train.loop import LoopConfig, train, verify_checkpoint
 
 
@@ -80,11 +81,12 @@ def test_verify_finds_what_the_sampled_hash_misses(tmp_path, capsys):
 def test_a_failed_first_index_leaves_no_store_and_empty_stores_fix_nothing(tmp_path, capsys):
     from test_fault_injection import TINY, write_photos
     from vlctl.embeddings.search import IndexConfig
-    from vlctl.encoders import save_pretrained, tiny_clip
+    from vlctl.encoders import tiny_config, tiny_model
+    from vlctl.encoders.tiny_pretrained import save_pretrained
 
     cfg = tmp_path / "tiny.json"
-    cfg.write_text(json.dumps({**TINY, "vocab": list(tiny_clip.MAD_VALUES)}))
-    save_pretrained(tiny_clip.create_model(str(cfg), seed=0), tmp_path / "model")
+    cfg.write_text(json.dumps({**TINY, "vocab": list(tiny_config.MAD_VALUES)}))
+    save_pretrained(tiny_model.create_model(str(cfg), seed=0), tmp_path / "model")
     photos = write_photos(tmp_path / "p", 3, 0)
     gal = tmp_path / "gal"
     base = ["index", photos, "--encoder", f"tiny:{tmp_path / 'model'}", "--out", gal, "--no-progress"]

@@ -9,18 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlctl.data.loaders import (
-    list_images,
-    load_caption_table,
-    load_image_folder,
-    load_karpathy,
-    load_long_captions,
-    load_rococo,
-    load_sugarcrepe,
-    load_vl_checklist,
-)
+from vlctl.data.loaders.compositional import load_sugarcrepe, load_vl_checklist
+from vlctl.data.loaders.folder import list_images, load_caption_table, load_image_folder
+from vlctl.data.loaders.retrieval import load_karpathy, load_long_captions, load_rococo
 from vlctl.eval.metrics import recall_at_k
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 COCO_TEST = SHARED / "coco_karpathy_test.json"
@@ -256,7 +249,7 @@ def _tar(path: Path, members: list[tuple[str, bytes]]) -> None:
 def test_webdataset_shards_stream_in_order(tmp_path):
     import io
 
-    from vlctl.data.loaders import expand_shards, iter_webdataset
+    from vlctl.data.loaders.webdataset import expand_shards, iter_webdataset
     from vlctl.images import ImageDecodeError, read_image
 
     def jpg(v: int) -> bytes:
@@ -296,7 +289,7 @@ def test_webdataset_shards_stream_in_order(tmp_path):
 
 
 def test_aro_items_carry_their_crop(tmp_path):
-    from vlctl.data.loaders import load_aro
+    from vlctl.data.loaders.compositional import load_aro
 
     rel = [  # ARO's visual_genome_relation.json layout
         {"image_id": "2315375", "bbox_x": 10, "bbox_y": 20, "bbox_w": 100, "bbox_h": 50,
@@ -324,7 +317,7 @@ def test_aro_items_carry_their_crop(tmp_path):
 
 
 def test_clevr4_annotations(tmp_path):
-    from vlctl.data.loaders import load_clevr4
+    from vlctl.data.loaders.folder import load_clevr4
 
     annots = {
         f"CLEVR_4_{i:06d}": {"split": "train" if i % 3 else "val", "color": ["red", "blue"][i % 2],
@@ -350,7 +343,7 @@ def test_clevr4_annotations(tmp_path):
 def test_clevr4_reads_a_vlctl_data_shapes_folder(tmp_path):
     """`vlctl data shapes --write-png` names its images with the extension ("shapes_train_000000.png");
     the loader finds images/<name> then, images/<name>.png for the release's bare names."""
-    from vlctl.data.loaders import load_clevr4
+    from vlctl.data.loaders.folder import load_clevr4
     from vlctl.data.shapes import ShapesConfig, generate_shapes
 
     out = generate_shapes(ShapesConfig(n=3, seed=0, split="train", image_size=16, write_png=True, workers=1),

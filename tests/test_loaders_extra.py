@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlctl.data.loaders import LabelledImages, load_shotbench, load_stanford40, stanford40_action
+from vlctl.data.loaders.labelled import LabelledImages, load_shotbench, load_stanford40, stanford40_action
 from vlctl.eval.metrics import cluster_accuracy
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 TRAIN = ["applauding_001.jpg", "blowing_bubbles_001.jpg", "riding_a_bike_001.jpg", "riding_a_bike_002.jpg"]
 TEST = ["applauding_002.jpg", "blowing_bubbles_002.jpg", "blowing_bubbles_003.jpg", "riding_a_bike_003.jpg"]
@@ -221,8 +221,8 @@ def test_vl_checklist_corpus_yaml_resolves_anno_path_and_img_root(tmp_path):
 
     from PIL import Image
 
-    from vlctl.data.loaders import load_vl_checklist_corpus
-    from vlctl.io import VlctlError
+    from vlctl.data.loaders.compositional import load_vl_checklist_corpus
+    from vlctl.fsops import VlctlError
 
     src = Path(__file__).resolve().parents[2] / "shared" / "data" / "vl_checklist" / "Attribute_vg_color.json"
     if not src.is_file():

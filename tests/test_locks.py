@@ -21,7 +21,7 @@ import pytest
 
 from test_fault_injection import inputs, leftovers, mad_args, mad_state, store_args, write_photos  # noqa: F401
 from vlctl.embeddings.store import open_store
-from vlctl.io import LockBusyError, lock_file, locked, set_output_policy
+from vlctl.fsops import LockBusyError, lock_file, locked, set_output_policy
 
 TRIALS = 10
 

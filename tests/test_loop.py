@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vlctl.io import VlctlError
-from vlctl.train import (
+from vlctl.fsops import VlctlError
+from vlctl.train.loop import (
     LoopConfig,
     default_param_groups,
     lr_multiplier,

@@ -13,9 +13,9 @@ import pytest
 from tree_helpers import missed as _missed
 from tree_helpers import needs_wordnet, prepared_generator
 from tree_helpers import replaced as _replaced
-from vlctl.methods import caption_parse as parse
-from vlctl.methods import levels as level_builder
-from vlctl.methods.trees import GENERATOR_VERSION, TreeGenerator
+from vlctl.captions import levels as level_builder
+from vlctl.captions import parse, subjects
+from vlctl.captions.trees import GENERATOR_VERSION, TreeGenerator
 
 pytestmark = needs_wordnet
 
@@ -103,9 +103,9 @@ def test_verbs_phrasal_floating_and_subject_through_and(gen):
     # the subject of a verb joined by "and" is the first verb's: a clock neither reads nor writes
     doc = gen.nlp_("a large clock hangs from a building and reads noon")
     reads = next(t for t in doc if t.lower_ == "reads")
-    assert not parse.animate_subject(gen.wn_, reads)
+    assert not subjects.animate_subject(gen.wn_, reads)
     doc = gen.nlp_("a man sits on a bench and reads a book")
-    assert parse.animate_subject(gen.wn_, next(t for t in doc if t.lower_ == "reads"))
+    assert subjects.animate_subject(gen.wn_, next(t for t in doc if t.lower_ == "reads"))
 
 
 def test_closed_domains_keep_their_trees():

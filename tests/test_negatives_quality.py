@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from vlctl.io import VlctlError
-from vlctl.methods import caption_parse as parse
-from vlctl.methods import wordnet as wnmod
-from vlctl.methods.anchor import anchor_text
-from vlctl.methods.negatives import article_for, inflect_like, normalize_caption, zipf
-from vlctl.methods.trees import TREE_POS, TreeGenerator, caption_tree
+from vlctl.captions import wordnet
+from vlctl.captions import wordnet as wnmod
+from vlctl.captions.anchor import anchor_text
+from vlctl.captions.inflection import article_for, inflect_like
+from vlctl.captions.negatives import zipf
+from vlctl.captions.text import normalize_caption
+from vlctl.captions.trees import TREE_POS, TreeGenerator, caption_tree
+from vlctl.fsops import VlctlError
 
 pytestmark = pytest.mark.skipif(not Path(wnmod.DEBIAN_DIR, "data.noun").is_file(),
                                 reason="WordNet database not installed (Debian package wordnet-base)")
@@ -143,7 +145,7 @@ def test_markup_only_and_number_only_captions_are_one_clear_error(gen, bad, matc
 
 
 def test_propn_repair_and_every_word_without_negative_is_listed(gen):
-    from vlctl.methods.negatives import get_nlp
+    from vlctl.captions.text import get_nlp
 
     caps = ["a white surfboard on the sand", "a couple of dogs on a lawn", "a man posing for a picture",
             "Two men walk down the street", "A pizza sitting on top of a pizza box", "a fire hydrant on the street"]
@@ -236,8 +238,8 @@ def test_third_round_modifiers_must_fit_the_new_noun(gen):
     # free adjectives and coat colours fit: "a black dog" -> "a black giraffe"; artifacts take any modifier
     assert _level(gen, "a black dog is sleeping on a couch", 0) == ("a black dog", [["black", "brown"], ["dog", "giraffe"]])
     assert _level(gen, "A rustic boat on a lake", 0) == ("A rustic boat", [["boat", "bicycle"]])
-    assert parse.morphological_antonym("covered", "uncovered") and parse.morphological_antonym("colorless", "colorful")
-    assert not parse.morphological_antonym("wet", "dry")
+    assert wordnet.morphological_antonym("covered", "uncovered") and wordnet.morphological_antonym("colorless", "colorful")
+    assert not wordnet.morphological_antonym("wet", "dry")
 
 
 def test_third_round_adjectives_antonyms_and_verbs(gen):

@@ -14,10 +14,10 @@ from tree_helpers import missed as _missed
 from tree_helpers import needs_wordnet, prepared_generator
 from tree_helpers import negs as _negs
 from tree_helpers import replaced as _replaced
-from vlctl.methods import caption_parse as parse
-from vlctl.methods import prepositions as prep
-from vlctl.methods import wordnet as wnmod
-from vlctl.methods.trees import GENERATOR_VERSION, TreeGenerator
+from vlctl.captions import parse
+from vlctl.captions import prepositions as prep
+from vlctl.captions import wordnet as wnmod
+from vlctl.captions.trees import GENERATOR_VERSION, TreeGenerator
 
 pytestmark = needs_wordnet
 
@@ -117,7 +117,7 @@ def test_a_skipped_word_leaves_its_level_another_words_negative(gen):
 
 def test_scene_trees_unchanged_by_the_seventh_round():
     from vlctl.data.scenes import SCENE_OPPOSITES, vocabulary
-    from vlctl.recipes.three_vl_lit import scene_tree_generator
+    from vlctl.recipes.threevl.lit import scene_tree_generator
 
     g = TreeGenerator(seed=0, opposites=SCENE_OPPOSITES, vocabulary=set(vocabulary()))
     # "circle" is an arrangement object ("in a circle") but "left of a circle" keeps its relation negative

@@ -24,7 +24,8 @@ def test_readme_python_example_runs(tmp_path, monkeypatch, capsys):
     import skimage.data
     from PIL import Image
 
-    from vlctl.encoders import create_model, save_pretrained
+    from vlctl.encoders.tiny_model import create_model
+    from vlctl.encoders.tiny_pretrained import save_pretrained
 
     monkeypatch.chdir(tmp_path)
     save_pretrained(create_model("mad-quick", seed=0), "runs/clip/model")

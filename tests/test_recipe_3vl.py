@@ -9,7 +9,8 @@ import pytest
 
 from vlctl.data.scenes import CHECKLIST_CATEGORIES
 from vlctl.recipes import RECIPES
-from vlctl.recipes.three_vl_scenes import MODELS, ThreeVLScenesRecipe, load_preset, run
+from vlctl.recipes.threevl.scenes import ThreeVLScenesRecipe, load_preset, run
+from vlctl.recipes.threevl.scenes_report import MODELS
 
 MINI = ThreeVLScenesRecipe(n_train=256, n_finetune=128, n_test=24, base_epochs=1, base_batch_size=64,
                            base_warmup_steps=2, ft_epochs=1, ft_batch_size=32, ft_warmup_steps=1, n_relevancy=4,
@@ -17,7 +18,7 @@ MINI = ThreeVLScenesRecipe(n_train=256, n_finetune=128, n_test=24, base_epochs=1
 
 
 def test_presets_load_and_registry():
-    assert RECIPES["3vl-scenes"] == "vlctl.recipes.three_vl_scenes:run"
+    assert RECIPES["3vl-scenes"] == "vlctl.recipes.threevl.scenes:run"
     quick, full = load_preset(True), load_preset(False)
     assert quick.n_train < full.n_train and quick.alpha == 0.5 and quick.level_reduction in ("sum", "mean")
 

@@ -18,16 +18,12 @@ from vlctl.data.scenes import (
     caption_holds,
     make_sample,
 )
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 from vlctl.recipes import DEMO, RECIPES
-from vlctl.recipes.three_vl_lit import (
-    BASE_MODELS,
-    CATEGORIES,
+from vlctl.recipes.threevl.lit import (
     ThreeVLLitRecipe,
-    bootstrap_interval,
     checked_tree,
     extra_items,
-    items_for_difference,
     lit_config,
     load_preset,
     phrase_structure,
@@ -36,6 +32,7 @@ from vlctl.recipes.three_vl_lit import (
     stage_keys,
     with_relation_negatives,
 )
+from vlctl.recipes.threevl.lit_report import BASE_MODELS, CATEGORIES, bootstrap_interval, items_for_difference
 
 MINI = ThreeVLLitRecipe(n_train=64, alt_per_scene=1, n_finetune=32, n_test=12, base_epochs=1, base_batch_size=32,
                         base_warmup_steps=1, ft_epochs=1, ft_batch_size=16, ft_warmup_steps=1, n_relevancy=3,
@@ -48,7 +45,7 @@ def _labels(n: int, split: str = "test") -> list[dict]:
 
 
 def test_presets_registry_and_not_in_demo():
-    assert RECIPES["3vl-lit"] == "vlctl.recipes.three_vl_lit:run"
+    assert RECIPES["3vl-lit"] == "vlctl.recipes.threevl.lit:run"
     assert "3vl-lit" not in DEMO
     quick, full = load_preset(True), load_preset(False)
     assert quick.n_test < full.n_test and quick.alpha == full.alpha == 0.5 and len(quick.seeds) == 3
@@ -58,10 +55,10 @@ def test_presets_registry_and_not_in_demo():
 
 
 def test_minilm_lora_exact_at_init_trains_and_round_trips(tmp_path):
-    from vlctl.encoders import tiny_clip
-    from vlctl.methods.tree_tune import add_lora_lit, load_minilm_lora, minilm_lora_parameters, save_minilm_lora
+    from vlctl.encoders import tiny_model
+    from vlctl.methods.threevl.lora import add_lora_lit, load_minilm_lora, minilm_lora_parameters, save_minilm_lora
 
-    model = tiny_clip.create_model(lit_config(MINI), seed=0)
+    model = tiny_model.create_model(lit_config(MINI), seed=0)
     texts = ["a large red striped circle left of a small blue dotted square", "a red circle", "blue, star"]
     tok = model.tokenize(texts)
     with torch.no_grad():
@@ -82,7 +79,7 @@ def test_minilm_lora_exact_at_init_trains_and_round_trips(tmp_path):
         tuned = model.encode_text(tok)
     assert (tuned - frozen).abs().max() > 1e-3
     save_minilm_lora(model, tmp_path / "a")
-    fresh = tiny_clip.create_model(lit_config(MINI), seed=0)
+    fresh = tiny_model.create_model(lit_config(MINI), seed=0)
     load_minilm_lora(fresh, tmp_path / "a")
     with torch.no_grad():
         assert torch.allclose(fresh.encode_text(tok), tuned, atol=1e-5)
@@ -90,7 +87,7 @@ def test_minilm_lora_exact_at_init_trains_and_round_trips(tmp_path):
     doc["backbone"]["weights_sha256"] = "0" * 64
     (tmp_path / "a" / "minilm_lora.json").write_text(json.dumps(doc))
     with pytest.raises(VlctlError, match="refusing"):
-        load_minilm_lora(tiny_clip.create_model(lit_config(MINI), seed=0), tmp_path / "a")
+        load_minilm_lora(tiny_model.create_model(lit_config(MINI), seed=0), tmp_path / "a")
 
 
 def test_phrase_structure_and_checked_negatives():
@@ -230,7 +227,7 @@ def test_base_key_names_the_pooling_only_when_it_is_not_the_class_token():
     `added` field out at its default); a patch-pooling base gets a key of its own."""
     import dataclasses
 
-    from vlctl.recipes import three_vl_lit
+    from vlctl.recipes.threevl import lit as three_vl_lit
 
     cfg = dataclasses.replace(three_vl_lit.load_preset(True), vision_pool="cls")
     key = three_vl_lit.base_stage_key(cfg, 0)

@@ -8,9 +8,9 @@ import pytest
 
 from vlctl.data.shapes import CATEGORIES
 from vlctl.eval import metrics
-from vlctl.methods.controlembed import kmeans_labels, normalize_rows
+from vlctl.methods.controlembed.estimator import kmeans_labels, normalize_rows
 from vlctl.recipes import RECIPES
-from vlctl.recipes.controlembed_shapes import METHODS, ControlEmbedShapesRecipe, linear_probe, load_preset, run
+from vlctl.recipes.controlembed.shapes import METHODS, ControlEmbedShapesRecipe, linear_probe, load_preset, run
 
 TINY = ControlEmbedShapesRecipe(n_train=400, n_test=200, epochs=1, batch_size=64, warmup_steps=1, hyper_steps=40,
                                 images_per_subclass=4, n_queries=60, threads=1)
@@ -66,7 +66,7 @@ def test_second_run_reuses_every_stage(tiny_run):
 
 
 def test_registered_with_presets():
-    assert RECIPES["controlembed-shapes"] == "vlctl.recipes.controlembed_shapes:run"
+    assert RECIPES["controlembed-shapes"] == "vlctl.recipes.controlembed.shapes:run"
     quick, full = load_preset(True), load_preset(False)
     assert quick.n_train < full.n_train and quick.model == "shapes-64"
 

@@ -10,8 +10,8 @@ import pytest
 from vlctl.data.mad import CATEGORIES, VALUES
 from vlctl.eval import metrics
 from vlctl.eval.metrics import caption_relevance
-from vlctl.io import VlctlError
-from vlctl.recipes.mad_clip import MadClipRecipe, caption_values, image_values, load_preset, run
+from vlctl.fsops import VlctlError
+from vlctl.recipes.tevi.mad_clip import MadClipRecipe, caption_values, image_values, load_preset, run
 
 TINY = MadClipRecipe(n_train=256, n_test=128, model="mad-quick", epochs=1, batch_size=64, warmup_steps=1, procs=1)
 
@@ -125,7 +125,7 @@ def test_editing_a_config_file_in_place_retrains(tmp_path):
     import dataclasses
 
     from vlctl.config import config_to_dict
-    from vlctl.encoders import get_config
+    from vlctl.encoders.tiny_config import get_config
 
     cfg_file = tmp_path / "my-clip.json"
     arch = config_to_dict(dataclasses.replace(get_config("mad-quick"), vision_layers=1))

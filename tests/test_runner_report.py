@@ -1,8 +1,9 @@
 import pytest
 
-from vlctl.io import VlctlError, read_json
+from vlctl.fsops import VlctlError
+from vlctl.io import read_json
 from vlctl.recipes.runner import Runner, find_stage
-from vlctl.report import Report
+from vlctl.report.writer import Report
 
 
 def test_stage_is_cached_by_key(tmp_path):

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from vlctl.io import VlctlError
-from vlctl.methods.sae import (
+from vlctl.fsops import VlctlError
+from vlctl.methods.sae.model import (
     SparseAutoencoder,
     TopKSAE,
     TopKSAEConfig,

@@ -1,4 +1,4 @@
-"""The TopK SAE's sparse training path (vlctl.methods.sae_kernels) against plain dense autograd.
+"""The TopK SAE's sparse training path (vlctl.methods.sae.kernels) against plain dense autograd.
 
 The dense reference below is the SAE's maths written the obvious way: pre (n, d1), a dense code z,
 z @ W_D, AuxK on the pre-activations with live latents masked to -inf. Every loss and gradient of
@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vlctl.methods.sae import SAEOutput, SparseAutoencoder, TopKSAE, TopKSAEConfig, _normalised_mse
-from vlctl.methods.sae_kernels import picked_encode, sparse_decode
+from vlctl.methods.sae.kernels import picked_encode, sparse_decode
+from vlctl.methods.sae.model import SAEOutput, SparseAutoencoder, TopKSAE, TopKSAEConfig, _normalised_mse
 
 
 def _topk_relu(pre, k):

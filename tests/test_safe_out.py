@@ -19,7 +19,8 @@ import pytest
 
 from vlctl.cli import main
 from vlctl.embeddings.store import create_store
-from vlctl.io import VlctlError, atomic_dir, atomic_write_json, clean_dead_temps, recover_dir, set_output_policy
+from vlctl.fsops import VlctlError, set_output_policy
+from vlctl.io import atomic_dir, atomic_write_json, clean_dead_temps, recover_dir
 
 SAE = ["--expansion", "2", "--k", "4", "--aux-k", "4", "--epochs", "1", "--batch-size", "16"]
 

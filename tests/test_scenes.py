@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vlctl.cli import main
-from vlctl.data.loaders import load_vl_checklist
+from vlctl.data.loaders.compositional import load_vl_checklist
 from vlctl.data.scenes import (
     ATTRIBUTES,
     CHECKLIST_CATEGORIES,
@@ -25,7 +25,7 @@ from vlctl.data.scenes import (
     split_of_key,
     vocabulary,
 )
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from vlctl.embeddings.search import refine_exact, top_positions
+from vlctl.embeddings.search import IndexConfig, refine_exact, top_positions
+from vlctl.embeddings.store import create_gallery, open_gallery
 from vlctl.embeddings.tuning import NPROBE_STEPS, REFINE_STEPS, _time_points, exact_neighbours, grid
-from vlctl.index import IndexConfig, create_gallery, open_gallery
 
 ENC = "test-encoder@0123456789abcdef"
 

@@ -32,10 +32,13 @@ def build_world(root: Path) -> dict:
     """The files of the test world under `root` (see the module docstring) -> their paths."""
     from vlctl.cli import main
     from vlctl.embeddings.store import open_store
-    from vlctl.encoders import TinyCLIPConfig, create, create_model, save_pretrained
-    from vlctl.methods.controlembed import ControlEmbed
-    from vlctl.methods.sae import SparseAutoencoder
-    from vlctl.methods.tevi import TEVI
+    from vlctl.encoders.factory import create
+    from vlctl.encoders.tiny_config import TinyCLIPConfig
+    from vlctl.encoders.tiny_model import create_model
+    from vlctl.encoders.tiny_pretrained import save_pretrained
+    from vlctl.methods.controlembed.estimator import ControlEmbed
+    from vlctl.methods.sae.model import SparseAutoencoder
+    from vlctl.methods.tevi.estimator import TEVI
 
     cfg = TinyCLIPConfig(name="serve-test", image_size=32, patch_size=8, vision_width=32, vision_layers=2,
                          vision_heads=2, text_width=32, text_layers=1, text_heads=2, context_length=16, vocab=VOCAB,
@@ -112,7 +115,7 @@ def state(world):
 def client(state):
     from fastapi.testclient import TestClient
 
-    from vlctl.serve import ServeConfig, create_app
+    from vlctl.serve.app import ServeConfig, create_app
 
     with TestClient(create_app(state, ServeConfig(max_pixels=100_000, max_upload_bytes=200_000))) as c:
         yield c
@@ -157,7 +160,7 @@ def test_text_search_matches_the_store(client, state):
 def test_text_queries_of_concurrent_requests_share_a_forward(state, monkeypatch):
     import asyncio
 
-    from vlctl.io import VlctlError
+    from vlctl.fsops import VlctlError
     from vlctl.serve.texts import TextBatches
 
     coll = state.collections["store"]
@@ -270,7 +273,7 @@ def test_bad_requests_are_one_clear_message(client):
 
 
 def _steered(coll, row: int, a: str, b: str | None = None, alpha: float = 1.0, k: int = 8):
-    from vlctl.methods.controlembed import normalize_rows
+    from vlctl.methods.controlembed.estimator import normalize_rows
 
     q = normalize_rows(coll.store.vectors([row]))
     wa, ba = coll.controlembed.affine(a)
@@ -336,7 +339,7 @@ def _wait(client, job: dict) -> dict:
 
 
 def test_cluster_job_matches_controlembed(client, state):
-    from vlctl.methods.controlembed import normalize_rows
+    from vlctl.methods.controlembed.estimator import normalize_rows
 
     coll = state.collections["store"]
     r = client.post("/api/cluster", json={"collection": "store", "attribute": "color", "per_cluster": 4})
@@ -382,7 +385,7 @@ def test_jobs_queue_is_bounded():
 
 
 def test_explain_two_models_with_shared_scales_and_tree(client, state):
-    from vlctl.methods.relevancy import explain_maps
+    from vlctl.methods.threevl.explain import explain_maps
     from vlctl.report.overlays import ColourScale
 
     es = state.explain
@@ -452,7 +455,7 @@ def test_heavy_work_in_its_own_process(world, state):
 
     from fastapi.testclient import TestClient
 
-    from vlctl.serve import ServeConfig, create_app
+    from vlctl.serve.app import ServeConfig, create_app
     from vlctl.serve.heavy import HeavyWorker
 
     heavy = HeavyWorker(functools.partial(world_state, world), threads=1)
@@ -507,7 +510,7 @@ def test_images_by_id_only(client, world):
 def test_reports_serve_only_their_own_files(tmp_path, world):
     from fastapi.testclient import TestClient
 
-    from vlctl.serve import create_app
+    from vlctl.serve.app import create_app
     from vlctl.serve.state import find_reports
 
     rep = tmp_path / "out" / "recipe-a"
@@ -530,7 +533,7 @@ def test_reports_serve_only_their_own_files(tmp_path, world):
 def test_token_is_required_when_set(world):
     from fastapi.testclient import TestClient
 
-    from vlctl.serve import ServeConfig, create_app
+    from vlctl.serve.app import ServeConfig, create_app
 
     c = TestClient(create_app(world_state(world), ServeConfig(token="s3cret")))
     assert "token" in _error(c.get("/api/info"), 401)
@@ -548,7 +551,8 @@ def test_token_is_required_when_set(world):
 def test_a_request_past_the_timeout_is_a_json_504(world, monkeypatch):
     from fastapi.testclient import TestClient
 
-    from vlctl.serve import ServeConfig, create_app, work
+    from vlctl.serve import work
+    from vlctl.serve.app import ServeConfig, create_app
 
     release, finished = threading.Event(), []
 
@@ -578,7 +582,7 @@ def test_cli_refusals(capsys, world):
 
 
 def test_demo_stage_lookup(tmp_path):
-    from vlctl.io import VlctlError
+    from vlctl.fsops import VlctlError
     from vlctl.recipes.shipped import stage_dir_name
     from vlctl.serve.demo import _contains, find_stage
 

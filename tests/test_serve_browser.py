@@ -88,7 +88,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, browser):
-    from vlctl.serve import create_app
+    from vlctl.serve.app import create_app
     from vlctl.serve.state import find_reports
 
     root = tmp_path_factory.mktemp("serve-browser")
@@ -237,7 +237,7 @@ def test_demo_screenshots(browser, tmp_path):
     demo = os.environ.get("VLCTL_SERVE_DEMO")
     if not demo:
         pytest.skip("set VLCTL_SERVE_DEMO to the demo's directory (runs/demo)")
-    from vlctl.serve import create_app
+    from vlctl.serve.app import create_app
     from vlctl.serve.demo import demo_state
 
     state = demo_state(demo)

@@ -22,7 +22,7 @@ from vlctl.data.shapes import (
     shape_mask,
     texture_maps,
 )
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The trained checkpoints shipped for `make demo` (src/vlctl/recipes/checkpoints/) and the full MAD CLIP.
+"""The trained checkpoints shipped for `make demo` (checkpoints/) and the full MAD CLIP.
 
 They must be exactly what the `--quick` presets' (and FULL_PRESETS') own training stages produce today (so the demo
 evaluates the models `--from-scratch` would train), their encoder ids must name their weights, and
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from vlctl.io import VlctlError, read_json, sha256_file
+from vlctl.fsops import VlctlError
+from vlctl.io import read_json, sha256_file
 from vlctl.recipes import RECIPES
 from vlctl.recipes import shipped as shipped_mod
 from vlctl.recipes.runner import Runner
@@ -51,7 +52,7 @@ def test_every_shipped_training_stage_is_there_with_its_presets_key():
 def test_the_shipped_fine_tunes_were_trained_on_the_trees_the_generator_makes_today(tmp_path):
     """Regenerates the --quick preset's fine-tuning trees (spaCy, WordNet; the data stage first):
     a change to the tree generator must come with refreshed fine-tunes, or the demo retrains them."""
-    from vlctl.recipes import three_vl_scenes as tvl
+    from vlctl.recipes.threevl import scenes as tvl
 
     cfg = tvl.load_preset(True)
     runner = Runner(tmp_path, verbose=False, from_scratch=True)
@@ -62,7 +63,7 @@ def test_the_shipped_fine_tunes_were_trained_on_the_trees_the_generator_makes_to
 
 
 def test_each_shipped_checkpoint_is_small_and_its_id_names_its_weights():
-    from vlctl.encoders import load_encoder
+    from vlctl.encoders.factory import load_encoder
     from vlctl.encoders.tiny_model import encoder_id
 
     manifest = shipped_manifest()
@@ -156,8 +157,8 @@ def test_the_shipped_mad_train_embeddings_and_values_are_what_the_shipped_clip_c
 
     from vlctl.data.mad import MadConfig, load_glyphs, make_range
     from vlctl.embeddings.cache import embed
-    from vlctl.encoders import load_encoder
-    from vlctl.recipes import mad_clip
+    from vlctl.encoders.factory import load_encoder
+    from vlctl.recipes.tevi import mad_clip
 
     cfg = mad_clip.load_preset(True)
     key = mad_clip.split_key(cfg, "train")

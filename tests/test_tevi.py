@@ -16,9 +16,9 @@ from vlctl.eval.editing import (
     leakage_accuracy,
     top_activating,
 )
-from vlctl.io import VlctlError
-from vlctl.methods.sae import SparseAutoencoder
-from vlctl.methods.tevi import TEVI, TeviConfig, TeviMask, _TeviTrainer, edit, with_partners
+from vlctl.fsops import VlctlError
+from vlctl.methods.sae.model import SparseAutoencoder
+from vlctl.methods.tevi.estimator import TEVI, TeviConfig, TeviMask, _TeviTrainer, edit, with_partners
 
 D, S = 12, 6  # embedding dim, concepts
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlctl.methods import tevi_scoring
-from vlctl.methods.tevi_scoring import conditioned_scores
+from vlctl.methods.tevi import scoring as tevi_scoring
+from vlctl.methods.tevi.scoring import conditioned_scores
 
 
 def _problem(P, Q, d1, d, k, seed):
@@ -56,7 +56,7 @@ def test_fast_path_with_empty_sides():
 
 
 def test_embed_pairs_with_uneven_counts_equal_reference():
-    from vlctl.methods.tevi_scoring import pair_scores
+    from vlctl.methods.tevi.scoring import pair_scores
 
     P, Q, d1, d, k = 11, 9, 40, 8, 6
     args = _problem(P, Q, d1, d, k, seed=5)

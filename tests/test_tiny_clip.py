@@ -11,26 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from vlctl.encoders import (
-    MAD_VALUES,
-    Encoder,
-    TinyCLIPConfig,
-    TinyCLIPEncoder,
-    WordTokenizer,
-    clip_loss,
-    create_model,
-    image_transform,
-    list_configs,
-    load_encoder,
-    load_pretrained,
-    load_tiny_encoder,
-    preprocess_batch,
-    save_pretrained,
-    tiny_clip,
-    tiny_model,
-)
-from vlctl.encoders.tokenizer import END_ID, PAD_ID, START_ID
-from vlctl.io import VlctlError
+from vlctl.encoders import tiny_config, tiny_model
+from vlctl.encoders.base import Encoder
+from vlctl.encoders.factory import load_encoder
+from vlctl.encoders.loss import clip_loss
+from vlctl.encoders.tiny_config import MAD_VALUES, TinyCLIPConfig, list_configs
+from vlctl.encoders.tiny_encoder import TinyCLIPEncoder, load_tiny_encoder
+from vlctl.encoders.tiny_model import create_model, image_transform, preprocess_batch
+from vlctl.encoders.tiny_pretrained import load_pretrained, save_pretrained
+from vlctl.encoders.tokenizer import END_ID, PAD_ID, START_ID, WordTokenizer
+from vlctl.fsops import VlctlError
 
 COLORS = {
     "gray": (128, 128, 128),
@@ -371,25 +361,11 @@ def test_save_load_round_trip(tmp_path):
     assert load_encoder(path).id == enc.id
     # a model directory is also a config source
     assert create_model(str(path)).config == m.config
-    # the TinyCLIP loader under its own name, and under its old name in tiny_clip
+    # the TinyCLIP directory loader gives the same encoder
     enc3 = load_tiny_encoder(path)
-    assert tiny_clip.load_encoder is load_tiny_encoder
     assert enc3.id == enc.id and enc3.batch_size == enc2.batch_size == 1024
     assert enc3.spec == enc2.spec == f"tiny:{path.resolve()}"
     assert torch.equal(enc3.encode_images(x), enc2.encode_images(x))
-
-
-def test_tiny_clip_module_keeps_its_public_names():
-    """`vlctl.encoders.tiny_clip` gathers TinyCLIP's pieces from the modules it was split into."""
-    for name in (
-        "TinyCLIP", "TinyCLIPConfig", "TinyCLIPEncoder", "clip_loss", "create_model", "encoder_id",
-        "get_config", "image_transform", "list_configs", "load_encoder", "load_pretrained",
-        "minilm_fingerprint", "minilm_model_dir", "preprocess_batch", "save_pretrained", "MAD_VALUES",
-    ):
-        assert getattr(tiny_clip, name) is not None, name
-    assert tiny_clip.TinyCLIP is tiny_model.TinyCLIP and tiny_clip.clip_loss is clip_loss
-    # the attention switch is tiny_model's; a copy in the facade would be a switch that does nothing
-    assert not hasattr(tiny_clip, "USE_SDPA_ON_CPU")
 
 
 def edit_config(model_dir, keys: tuple[str, ...], value) -> None:
@@ -546,7 +522,7 @@ def test_cls_mean_pooling_reads_the_class_token_and_the_patch_mean(tmp_path):
     every cache key and shipped checkpoint made before the field) does not name the field."""
     from vlctl.config import config_to_dict
 
-    assert "vision_pool" not in config_to_dict(tiny_clip.get_config("scenes-quick"))
+    assert "vision_pool" not in config_to_dict(tiny_config.get_config("scenes-quick"))
     model = create_model("scenes-quick", seed=3, vision_pool="cls_mean").eval()
     assert config_to_dict(model.config)["vision_pool"] == "cls_mean"
     x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(3))

@@ -1,5 +1,5 @@
 """TinyCLIP from scratch: the two entry points (`vlctl.train.clip.train_clip`, from a MAD-format
-directory, and `vlctl.methods.tree_tune.pretrain_clip`, from arrays) are one trainer,
+directory, and `vlctl.methods.threevl.tree_tune.pretrain_clip`, from arrays) are one trainer,
 `vlctl.train.clip.train_clip_arrays`.
 
 `_reference_train_clip` and `_reference_pretrain_clip` below are the two trainers as they were
@@ -22,16 +22,19 @@ from torch import nn
 
 from vlctl.config import config_to_dict
 from vlctl.data.mad import MadConfig, generate_mad, load_mad, mad_dataset_id
-from vlctl.encoders import tiny_clip
-from vlctl.io import VlctlError, atomic_write_json
-from vlctl.methods.tree_tune import _image_embedding, patch_keep, pretrain_clip, trim_padding
+from vlctl.encoders import tiny_model, tiny_pretrained
+from vlctl.encoders.loss import clip_loss
+from vlctl.encoders.tiny_config import MAD_VALUES
+from vlctl.fsops import VlctlError
+from vlctl.io import atomic_write_json
+from vlctl.methods.threevl.tree_tune import _image_embedding, patch_keep, pretrain_clip, trim_padding
 from vlctl.train.clip import ClipTrainConfig, train_clip
 from vlctl.train.loop import LoopConfig, TrainResult, default_param_groups, sample_rng, train
 
 TINY = {
     "name": "tiny-test", "image_size": 28, "stem_channels": [4], "patch_size": 2, "vision_width": 16,
     "vision_layers": 1, "vision_heads": 2, "text_tower": "transformer", "text_width": 16, "text_layers": 1,
-    "text_heads": 2, "context_length": 8, "vocab": list(tiny_clip.MAD_VALUES), "embed_dim": 8,
+    "text_heads": 2, "context_length": 8, "vocab": list(MAD_VALUES), "embed_dim": 8,
 }
 
 
@@ -42,7 +45,7 @@ def _reference_train_clip(data_dir, out_dir, cfg: ClipTrainConfig, loop: LoopCon
     if not captions:
         raise VlctlError(f"{data_dir}: no captions to train on")
 
-    model = tiny_clip.create_model(cfg.model, seed=loop.seed)
+    model = tiny_model.create_model(cfg.model, seed=loop.seed)
     text_inputs = model.tokenize(captions) if model.config.text_tower == "transformer" else captions
     n = len(captions)
     s = cfg.shift_pixels
@@ -54,14 +57,14 @@ def _reference_train_clip(data_dir, out_dir, cfg: ClipTrainConfig, loop: LoopCon
             for row, i in enumerate(indices):
                 dy, dx = sample_rng(loop.seed, epoch, i).integers(-s, s + 1, size=2)
                 batch[row] = np.roll(batch[row], (int(dy), int(dx)), axis=(0, 1))
-        x = tiny_clip.preprocess_batch(batch)
+        x = tiny_model.preprocess_batch(batch)
         t = text_inputs[torch.as_tensor(indices)] if torch.is_tensor(text_inputs) else [text_inputs[i] for i in indices]
         return x, t
 
     def loss_fn(m, batch):
         x, t = batch
         img, txt, scale = m(x, t)
-        loss = tiny_clip.clip_loss(img, txt, scale)
+        loss = clip_loss(img, txt, scale)
         return loss, {"temp": float(1.0 / scale.detach())}
 
     others = torch.nn.ModuleDict({"visual": model.visual, "text": model.text})
@@ -70,7 +73,7 @@ def _reference_train_clip(data_dir, out_dir, cfg: ClipTrainConfig, loop: LoopCon
     run_config = {"clip": config_to_dict(cfg), "model": config_to_dict(model.config), "data": mad_dataset_id(data_dir)}
     result = train(model, n_samples=n, make_batch=make_batch, loss_fn=loss_fn, cfg=loop, out_dir=out_dir,
                    param_groups=groups, resume=resume, run_config=run_config)
-    tiny_clip.save_pretrained(model, Path(out_dir) / "model")
+    tiny_pretrained.save_pretrained(model, Path(out_dir) / "model")
     return result
 
 
@@ -78,17 +81,17 @@ def _reference_pretrain_clip(images: np.ndarray, captions: Sequence[str], model_
                              batch_size: int, lr: float, temperature_lr: float = 1e-2, warmup_steps: int = 50,
                              weight_decay: float = 0.1, seed: int = 0, threads: int = 0, resume: bool = False,
                              patch_dropout: float = 0.0):
-    model = tiny_clip.create_model(model_config, seed=seed)
+    model = tiny_model.create_model(model_config, seed=seed)
     tokens = model.tokenize(list(captions))
 
     def make_batch(idx: np.ndarray, epoch: int):
-        return (tiny_clip.preprocess_batch(np.asarray(images[idx])), trim_padding(tokens[torch.as_tensor(idx)]),
+        return (tiny_model.preprocess_batch(np.asarray(images[idx])), trim_padding(tokens[torch.as_tensor(idx)]),
                 patch_keep(idx, epoch, seed, model.config.n_patches, patch_dropout))
 
     def loss_fn(m, b):
         img = _image_embedding(m, b[0], b[2])
         txt, scale = m.encode_text(b[1], normalize=True), m.scale()
-        return tiny_clip.clip_loss(img, txt, scale), {"temp": float(1.0 / scale.detach())}
+        return clip_loss(img, txt, scale), {"temp": float(1.0 / scale.detach())}
 
     others = nn.ModuleDict({"visual": model.visual, "text": model.text})
     groups = [{**g, "lr": lr} for g in default_param_groups(others, weight_decay)]
@@ -100,7 +103,7 @@ def _reference_pretrain_clip(images: np.ndarray, captions: Sequence[str], model_
           param_groups=groups, resume=resume, device="cpu",
           run_config={"model": config_to_dict(model.config), "n": len(captions), "patch_dropout": patch_dropout})
     model.eval()
-    tiny_clip.save_pretrained(model, Path(out_dir) / "model")
+    tiny_pretrained.save_pretrained(model, Path(out_dir) / "model")
     return model
 
 
@@ -117,8 +120,8 @@ def tiny_config(tmp_path_factory) -> Path:
 
 
 def _same_weights(a: Path, b: Path) -> None:
-    sa = tiny_clip.load_pretrained(a).state_dict()
-    sb = tiny_clip.load_pretrained(b).state_dict()
+    sa = tiny_pretrained.load_pretrained(a).state_dict()
+    sb = tiny_pretrained.load_pretrained(b).state_dict()
     assert list(sa) == list(sb)
     for k in sa:
         assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), f"{k} differs"
@@ -200,7 +203,7 @@ def test_a_failed_training_child_is_one_error(tmp_path):
     """A child that fails raises a VlctlError naming what failed (the CLI prints it as one line)."""
     import os
 
-    from vlctl.io import VlctlError
+    from vlctl.fsops import VlctlError
     from vlctl.train.clip import run_child
 
     with pytest.raises(VlctlError, match="training into x failed"):

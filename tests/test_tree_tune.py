@@ -9,28 +9,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vlctl.encoders import tiny_clip
-from vlctl.io import VlctlError
-from vlctl.methods.tree_tune import (
+from vlctl.encoders import loss, tiny_config, tiny_model, tiny_pretrained
+from vlctl.fsops import VlctlError
+from vlctl.methods.threevl.lora import (
     LoRALinear,
-    TreeTuner,
     add_lora,
     add_lora_peft,
     base_fingerprint,
     load_adapters,
     lora_parameters,
     merge_lora,
-    negclip_loss,
     save_adapters,
-    tree_loss,
-    tree_tensors,
 )
+from vlctl.methods.threevl.tree_tune import TreeTuner, negclip_loss, tree_loss, tree_tensors
 
 VOCAB = ("a", "red", "blue", "circle", "square", "left", "right", "of", "and")
 
 
 def _tiny(seed=0):
-    return tiny_clip.create_model(tiny_clip.TinyCLIPConfig(
+    return tiny_model.create_model(tiny_config.TinyCLIPConfig(
         name="t", image_size=16, patch_size=4, vision_width=32, vision_layers=2, vision_heads=2,
         text_width=32, text_layers=2, text_heads=2, context_length=12, vocab=VOCAB, embed_dim=16), seed=seed)
 
@@ -92,7 +89,7 @@ def test_tinyclip_lora_exact_at_init_targets_and_grads():
 
     def loss_of(m):
         img, txt, s = m(x, texts)
-        return tiny_clip.clip_loss(img, txt, s)
+        return loss.clip_loss(img, txt, s)
 
     _check_grads(model, loss_of, params)
 
@@ -127,7 +124,7 @@ def test_open_clip_peft_lora_grads_and_exact_init():
 
     def loss_of(m):
         img, txt, s = m(x, t)[:3]
-        return tiny_clip.clip_loss(F.normalize(img, dim=-1), F.normalize(txt, dim=-1), s)
+        return loss.clip_loss(F.normalize(img, dim=-1), F.normalize(txt, dim=-1), s)
 
     _check_grads(pm, loss_of, params)
 
@@ -258,7 +255,7 @@ def test_tree_tuner_smoke_few_steps(tmp_path, mode):
         assert torch.equal(state[k2], v), k
     assert any(p.abs().sum() > 0 for n, p in lora_parameters(tuner.model_).items() if "lora_B" in n)
     tuner.save(tmp_path / "out")
-    loaded = tiny_clip.load_pretrained(tmp_path / "out" / "model")
+    loaded = tiny_pretrained.load_pretrained(tmp_path / "out" / "model")
     x, texts = _batch()
     with torch.no_grad():
         a, b = tuner.model_(x, texts), loaded(x, texts)
@@ -272,23 +269,23 @@ def test_cli_fit_tree_writes_adapters_and_merged_model(tmp_path, capsys):
     from vlctl.data.scenes import ScenesConfig, generate_scenes
 
     data = generate_scenes(ScenesConfig(n=16, split="finetune", workers=1), tmp_path / "ft")
-    base = tiny_clip.create_model("scenes-quick", seed=0, vision_layers=1, text_layers=1)
-    tiny_clip.save_pretrained(base, tmp_path / "base")
+    base = tiny_model.create_model("scenes-quick", seed=0, vision_layers=1, text_layers=1)
+    tiny_pretrained.save_pretrained(base, tmp_path / "base")
     assert main(["fit", "tree", "--encoder", str(tmp_path / "base"), "--data", str(data), "--out", str(tmp_path / "o"),
                  "--mode", "contrastive", "--epochs", "1", "--batch-size", "8", "--warmup-steps", "0", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["steps"] == 2 and res["base_encoder_id"] == tiny_clip.encoder_id(base)
+    assert res["steps"] == 2 and res["base_encoder_id"] == tiny_model.encoder_id(base)
     doc = json.loads((tmp_path / "o" / "adapters" / "adapter.json").read_text())
     assert doc["base_encoder_id"] == res["base_encoder_id"] and doc["tree_tune"]["mode"] == "contrastive"
-    again = load_adapters(tiny_clip.load_pretrained(tmp_path / "base"), tmp_path / "o" / "adapters")
-    merged = tiny_clip.load_pretrained(tmp_path / "o" / "model")
+    again = load_adapters(tiny_pretrained.load_pretrained(tmp_path / "base"), tmp_path / "o" / "adapters")
+    merged = tiny_pretrained.load_pretrained(tmp_path / "o" / "model")
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(again.encode_image(x), merged.encode_image(x), atol=1e-5, rtol=0)
 
 
 def test_trim_padding_is_exact_for_the_causal_text_tower():
-    from vlctl.methods.tree_tune import trim_padding
+    from vlctl.methods.threevl.tree_tune import trim_padding
 
     model = _tiny().eval()
     tok = model.tokenize(["a red circle", "a blue square left of a red circle"])
@@ -299,7 +296,7 @@ def test_trim_padding_is_exact_for_the_causal_text_tower():
 
 
 def test_patch_keep_is_seeded_per_batch_and_sample():
-    from vlctl.methods.tree_tune import patch_keep
+    from vlctl.methods.threevl.tree_tune import patch_keep
 
     idx = np.array([5, 3, 9])
     assert patch_keep(idx, 0, 0, 64, 0.0) is None
@@ -336,8 +333,8 @@ def test_cli_fit_tree_from_a_store_of_the_scenes_set(tmp_path, capsys):
     from vlctl.data.scenes import ScenesConfig, generate_scenes
 
     data = generate_scenes(ScenesConfig(n=16, split="finetune", workers=1), tmp_path / "ft")
-    base = tiny_clip.create_model("scenes-quick", seed=0, vision_layers=1, text_layers=1)
-    tiny_clip.save_pretrained(base, tmp_path / "base")
+    base = tiny_model.create_model("scenes-quick", seed=0, vision_layers=1, text_layers=1)
+    tiny_pretrained.save_pretrained(base, tmp_path / "base")
     assert main(["embed", str(data), "--encoder", str(tmp_path / "base"), "--out", str(tmp_path / "store"),
                  "--no-progress"]) == 0
     common = ["--encoder", str(tmp_path / "base"), "--mode", "contrastive", "--epochs", "1", "--batch-size", "8",

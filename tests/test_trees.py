@@ -12,18 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from vlctl.captions import wordnet as wnmod
+from vlctl.captions.anchor import anchor_diff, anchor_text
+from vlctl.captions.inflection import inflect_verb, pluralize
+from vlctl.captions.trees import TreeGenerator, caption_tree, random_negative
 from vlctl.cli import main
-from vlctl.io import VlctlError
-from vlctl.methods import wordnet as wnmod
-from vlctl.methods.trees import (
-    TreeGenerator,
-    anchor_diff,
-    anchor_text,
-    caption_tree,
-    inflect_verb,
-    pluralize,
-    random_negative,
-)
+from vlctl.fsops import VlctlError
 
 PAPER = "several people standing in a green field together while flying kites"
 CAPTIONS = [
@@ -125,7 +119,7 @@ def test_determinism_and_seed(gen):
 
 def test_same_tree_in_another_process(gen):
     # sha256 choices and sorted WordNet lookups: nothing may depend on Python's salted hash()
-    code = ("import json, sys; from vlctl.methods.trees import TreeGenerator; "
+    code = ("import json, sys; from vlctl.captions.trees import TreeGenerator; "
             "print(json.dumps(TreeGenerator().trees(json.loads(sys.argv[1]))))")
     env = {**os.environ, "PYTHONHASHSEED": "12345", "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", code, json.dumps(CAPTIONS)], env=env, capture_output=True, text=True,

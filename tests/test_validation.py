@@ -26,19 +26,20 @@ from vlctl.config import (
     template_error,
     validate_config,
 )
-from vlctl.io import VlctlError, read_text_utf8
+from vlctl.fsops import VlctlError
+from vlctl.io import read_text_utf8
 
 CONFIGS = [
-    "vlctl.methods.tevi:TeviConfig", "vlctl.methods.sae:TopKSAEConfig", "vlctl.methods.trees:TreeConfig",
-    "vlctl.methods.tree_tune:TreeTuneConfig", "vlctl.methods.controlembed:ControlEmbedConfig",
+    "vlctl.methods.tevi.estimator:TeviConfig", "vlctl.methods.sae.model:TopKSAEConfig", "vlctl.captions.trees:TreeConfig",
+    "vlctl.methods.threevl.tree_tune:TreeTuneConfig", "vlctl.methods.controlembed.estimator:ControlEmbedConfig",
     "vlctl.train.loop:LoopConfig", "vlctl.train.clip:ClipTrainConfig", "vlctl.data.mad:MadConfig",
     "vlctl.data.scenes:ScenesConfig", "vlctl.data.shapes:ShapesConfig", "vlctl.eval.retrieval:RetrievalConfig",
     "vlctl.encoders.tiny_config:TinyCLIPConfig", "vlctl.embeddings.extract:ExtractConfig",
-    "vlctl.embeddings.search:IndexConfig", "vlctl.recipes.mad_clip:MadClipRecipe",
-    "vlctl.recipes.tevi_mad:TeviMadRecipe", "vlctl.recipes.three_vl_scenes:ThreeVLScenesRecipe",
-    "vlctl.recipes.controlembed_shapes:ControlEmbedShapesRecipe", "vlctl.recipes.three_vl_lit:ThreeVLLitRecipe",
-    "vlctl.recipes.tevi_coco:TeviCocoRecipe", "vlctl.recipes.controlembed_real:ControlEmbedRealRecipe",
-    "vlctl.recipes.three_vl_coco:ThreeVLCocoRecipe", "vlctl.recipes.real_data:ThreeVLCocoData",
+    "vlctl.embeddings.search:IndexConfig", "vlctl.recipes.tevi.mad_clip:MadClipRecipe",
+    "vlctl.recipes.tevi.mad:TeviMadRecipe", "vlctl.recipes.threevl.scenes:ThreeVLScenesRecipe",
+    "vlctl.recipes.controlembed.shapes:ControlEmbedShapesRecipe", "vlctl.recipes.threevl.lit:ThreeVLLitRecipe",
+    "vlctl.recipes.tevi.coco:TeviCocoRecipe", "vlctl.recipes.controlembed.real:ControlEmbedRealRecipe",
+    "vlctl.recipes.threevl.coco:ThreeVLCocoRecipe", "vlctl.recipes.real_data:ThreeVLCocoData",
     "vlctl.recipes.real_common:EncoderRun", "vlctl.audit:AuditConfig", "vlctl.serve.app:ServeConfig",
 ]
 
@@ -90,9 +91,9 @@ def test_recipe_presets_and_tiny_configs_are_in_range():
     for f in Path(CONFIG_DIR).glob("*.json"):
         load_config(TinyCLIPConfig, f)
     recipes = Path(__file__).resolve().parents[1] / "src" / "vlctl" / "recipes"
-    for name, spec in [("mad-clip", "mad_clip:MadClipRecipe"), ("tevi-mad", "tevi_mad:TeviMadRecipe"),
-                       ("3vl-scenes", "three_vl_scenes:ThreeVLScenesRecipe"),
-                       ("controlembed-shapes", "controlembed_shapes:ControlEmbedShapesRecipe")]:
+    for name, spec in [("tevi/mad-clip", "tevi.mad_clip:MadClipRecipe"), ("tevi/tevi-mad", "tevi.mad:TeviMadRecipe"),
+                       ("threevl/3vl-scenes", "threevl.scenes:ThreeVLScenesRecipe"),
+                       ("controlembed/controlembed-shapes", "controlembed.shapes:ControlEmbedShapesRecipe")]:
         doc = read_json(recipes / f"{name}.json")
         for preset in ("quick", "full"):
             config_from_dict(_cls("vlctl.recipes." + spec), doc[preset], source=f"{name}.json")
@@ -178,10 +179,10 @@ def test_config_from_dict_refuses_wrong_types_and_ranges_naming_the_file(tmp_pat
 
 
 def test_estimators_refuse_values_out_of_range():
-    from vlctl.methods.controlembed import ControlEmbed
-    from vlctl.methods.sae import SparseAutoencoder
-    from vlctl.methods.tevi import TEVI
-    from vlctl.methods.tree_tune import TreeTuner
+    from vlctl.methods.controlembed.estimator import ControlEmbed
+    from vlctl.methods.sae.model import SparseAutoencoder
+    from vlctl.methods.tevi.estimator import TEVI
+    from vlctl.methods.threevl.tree_tune import TreeTuner
 
     for make, want in [
         (lambda: TEVI(lr=-1), "TeviConfig.lr: must be > 0, got -1"),
@@ -204,7 +205,7 @@ def test_estimators_refuse_values_out_of_range():
 
 
 def test_controlembed_lowrank_rank_is_at_most_the_embedding_dimension():
-    from vlctl.methods.controlembed import ControlEmbed
+    from vlctl.methods.controlembed.estimator import ControlEmbed
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(16, 8)).astype(np.float32)

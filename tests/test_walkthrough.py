@@ -83,8 +83,8 @@ def test_score_tevi_rerank_every_depth(tmp_path, capsys, k):
     """`score tevi --rerank K` for K below, at and above the number of images (it used to crash
     whenever K was smaller): the top min(K, n) of each caption are CLIP's, reordered."""
     from vlctl.embeddings.store import create_store
-    from vlctl.methods.sae import SparseAutoencoder
-    from vlctl.methods.tevi import TEVI
+    from vlctl.methods.sae.model import SparseAutoencoder
+    from vlctl.methods.tevi.estimator import TEVI
 
     rng = np.random.default_rng(0)
     n, d = 40, 16

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vlctl.methods import wordnet as wnmod
-from vlctl.methods.trees import TreeGenerator
+from vlctl.captions import wordnet as wnmod
+from vlctl.captions.trees import TreeGenerator
 
 needs_wordnet = pytest.mark.skipif(not Path(wnmod.DEBIAN_DIR, "data.noun").is_file(),
                                    reason="WordNet database not installed (Debian package wordnet-base)")

@@ -53,7 +53,7 @@ def _save_small(src: Path, dst: Path) -> None:
 def explain_figures(out: Path, spec: str, tmp: Path) -> dict:
     import skimage.data
 
-    from vlctl.encoders import create
+    from vlctl.encoders.factory import create
     from vlctl.report.overlays import write_explain
 
     enc = create(spec)
@@ -77,8 +77,10 @@ def _scene_item(category: str = "relation_spatial"):
 
 
 def scenes_figure(out: Path, models: dict[str, str] | None, tmp: Path) -> None:
-    from vlctl.encoders import TinyCLIPEncoder, create, create_model
-    from vlctl.methods import relevancy as rel
+    from vlctl.encoders.tiny_encoder import TinyCLIPEncoder
+    from vlctl.encoders.factory import create
+    from vlctl.encoders.tiny_model import create_model
+    from vlctl.methods.threevl import relevancy as rel
     from vlctl.report.overlays import save_map_grid
 
     index, image, item = _scene_item()
@@ -89,7 +91,7 @@ def scenes_figure(out: Path, models: dict[str, str] | None, tmp: Path) -> None:
         encoders = {f"random seed {s}": TinyCLIPEncoder(create_model("scenes-quick", seed=s)) for s in (0, 1)}
         note = "RANDOM-WEIGHT TinyCLIPs (scenes-quick) stand in for the report's base and tree models"
     try:
-        from vlctl.methods.anchor import anchor_text
+        from vlctl.captions.anchor import anchor_text
 
         anchor = anchor_text(item["pos"], item["neg"])
     except Exception:  # noqa: BLE001 -- spaCy missing: the plain "P or N"

@@ -32,10 +32,10 @@ _LAZY: dict[str, str] = {
     "load_encoder": "vlctl.encoders.factory:load_encoder",
     "open_store": "vlctl.embeddings.store:open_store",
     "create_store": "vlctl.embeddings.store:create_store",
-    "SparseAutoencoder": "vlctl.methods.sae:SparseAutoencoder",
-    "TEVI": "vlctl.methods.tevi:TEVI",
-    "ControlEmbed": "vlctl.methods.controlembed:ControlEmbed",
-    "TreeTuner": "vlctl.methods.tree_tune:TreeTuner",
+    "SparseAutoencoder": "vlctl.methods.sae.model:SparseAutoencoder",
+    "TEVI": "vlctl.methods.tevi.estimator:TEVI",
+    "ControlEmbed": "vlctl.methods.controlembed.estimator:ControlEmbed",
+    "TreeTuner": "vlctl.methods.threevl.tree_tune:TreeTuner",
 }
 
 __all__ = [

@@ -29,16 +29,8 @@ import torch
 from torch import nn
 
 from vlctl.config import config_from_dict, config_to_dict
-from vlctl.io import (
-    VlctlError,
-    atomic_dir,
-    atomic_save_safetensors,
-    atomic_write_json,
-    locked,
-    output_policy,
-    read_json,
-    recover_dir,
-)
+from vlctl.fsops import VlctlError, locked, output_policy
+from vlctl.io import atomic_dir, atomic_save_safetensors, atomic_write_json, read_json, recover_dir
 
 FORMAT = "vlctl.estimator"
 CONFIG_FILE = "config.json"

@@ -1,6 +1,6 @@
 """`vlctl audit`: 3VL's compositional analysis of any encoder on a user's own image-caption pairs.
 
-For every caption the 3VL caption tree is built (`vlctl.methods.trees.TreeGenerator`); every
+For every caption the 3VL caption tree is built (`vlctl.captions.trees.TreeGenerator`); every
 level's positive P and each of its one-word negatives N make one item, scored with the encoder
 against the caption's image: correct when cos(image, P) > cos(image, N). Accuracy is reported by
 the POS of the replaced word, by level depth (1 = the coarsest level), by replacement source
@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from vlctl.config import opt, validate_config
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +99,7 @@ class Pairs:
         """Image i as uint8 (H, W, 3)."""
         if self.array is not None:
             return np.asarray(self.array[i])
-        from vlctl.methods.relevancy import load_image
+        from vlctl.methods.threevl.explain import load_image
 
         return load_image(self.images[i])
 
@@ -121,7 +121,7 @@ def load_pairs(path: str | Path, images: str | Path | None = None) -> Pairs:
                              "captions the store was embedded from")
         return load_pairs(source, images)
     if path.is_file() and path.suffix.lower() == ".json":
-        from vlctl.data.loaders import load_karpathy
+        from vlctl.data.loaders.retrieval import load_karpathy
 
         root = Path(images) if images is not None else path.parent
         data = load_karpathy(path, root=root, on_missing="skip")
@@ -174,7 +174,7 @@ class _Rows:
 
 def generator_for(pairs: Pairs, encoder: Any, seed: int):
     """The tree generator for these pairs and encoder (module docstring)."""
-    from vlctl.methods.trees import TreeGenerator
+    from vlctl.captions.trees import TreeGenerator
 
     if pairs.scenes:
         return TreeGenerator(seed=seed, opposites=_scene_opposites(), vocabulary=set(_scene_vocabulary()),
@@ -434,7 +434,7 @@ def _repair(encoder: Any, held: Pairs, part: Pairs, before: dict, out: Path, cfg
     import torch
 
     from vlctl.encoders.tiny_encoder import TinyCLIPEncoder
-    from vlctl.methods.tree_tune import TreeTuner
+    from vlctl.methods.threevl.tree_tune import TreeTuner
 
     model = getattr(encoder, "model", None)
     if not isinstance(encoder, TinyCLIPEncoder):

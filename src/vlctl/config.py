@@ -24,7 +24,8 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from vlctl.io import VlctlError, read_json
+from vlctl.fsops import VlctlError
+from vlctl.io import read_json
 
 T = TypeVar("T")
 

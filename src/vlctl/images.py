@@ -11,7 +11,7 @@ import os
 import warnings
 from typing import IO
 
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 # PIL's own default (Image.MAX_IMAGE_PIXELS): ~89.5 Mpx, a 1024 x 1024 x 3 x 85 byte budget.
 DEFAULT_MAX_PIXELS = 89_478_485

@@ -23,8 +23,8 @@ Everything vlctl writes goes through here, so the guarantees are made in one pla
   (`open_memmap`), so a full disk cannot kill the process with SIGBUS halfway through.
 
 The primitives these rest on -- the error type, the output policy, the locks and the renames,
-fsyncs and large writes through the fault-injection hook (VLCTL_FAULT) -- are in `vlctl.fsops`
-and re-exported here.
+fsyncs and large writes through the fault-injection hook (VLCTL_FAULT) -- are in `vlctl.fsops`,
+imported from there.
 """
 
 from __future__ import annotations
@@ -46,30 +46,41 @@ import numpy as np
 from vlctl.fsops import (
     DiskFullError,
     LockBusyError,
-    OutputPolicy,
     VlctlError,
     fsync,
     fsync_dir,
     is_private,
-    lock_file,
     locked,
     mark_private,
     no_space_error,
     output_policy,
     replace,
-    say,
-    set_output_policy,
     space,
     umask,
 )
+from vlctl.progress import say
 
 __all__ = [
-    "ContentChangedError", "DiskFullError", "LockBusyError", "OutputPolicy", "VlctlError", "atomic_dir",
-    "atomic_save_npz", "atomic_save_safetensors", "atomic_write_bytes", "atomic_write_json", "atomic_write_text",
-    "check_content", "check_file", "clean_dead_temps", "fast_hash_file", "fsync", "fsync_dir", "hash_state_dict",
-    "lock_file", "locked", "open_memmap", "output_policy", "read_json", "read_text_utf8", "recover_dir", "replace",
-    "set_output_policy", "sha256_bytes", "sha256_file", "sha256_json",
-]  # fmt: skip
+    "ContentChangedError",
+    "atomic_dir",
+    "atomic_save_npz",
+    "atomic_save_safetensors",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "check_content",
+    "check_file",
+    "clean_dead_temps",
+    "fast_hash_file",
+    "hash_state_dict",
+    "open_memmap",
+    "read_json",
+    "read_text_utf8",
+    "recover_dir",
+    "sha256_bytes",
+    "sha256_file",
+    "sha256_json",
+]
 
 
 # --- atomic files --------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import os
 import re
 import sys
 
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 # (words, "module:function", help)
 COMMANDS: tuple[tuple[str, str, str], ...] = (

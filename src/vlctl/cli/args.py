@@ -100,7 +100,7 @@ def _path_error(p: PathArg) -> str | None:
 def check_paths(args: argparse.Namespace) -> None:
     """Every path flag of the parsed `args` against the file system (missing inputs, a file where a
     directory goes and the reverse): a VlctlError naming the flag, before the command starts."""
-    from vlctl.io import VlctlError
+    from vlctl.fsops import VlctlError
 
     flags = getattr(args, "_vlctl_flags", None) or {}
     for dest, value in vars(args).items():

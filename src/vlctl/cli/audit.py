@@ -29,7 +29,7 @@ def audit_args(p: argparse.ArgumentParser) -> None:
 def audit(args: argparse.Namespace) -> dict:
     from vlctl.audit import AuditConfig, load_pairs, run_audit
     from vlctl.cli.explain import _parse_blocks
-    from vlctl.encoders import create
+    from vlctl.encoders.factory import create
 
     cfg = config_from_args(AuditConfig, args)
     pairs = load_pairs(args.pairs, args.images)

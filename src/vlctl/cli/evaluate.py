@@ -34,7 +34,7 @@ def eval_retrieval_args(p: argparse.ArgumentParser) -> None:
 
 
 def eval_retrieval(args: argparse.Namespace) -> dict:
-    from vlctl.encoders import create
+    from vlctl.encoders.factory import create
     from vlctl.eval.retrieval import RetrievalConfig, evaluate_retrieval
     from vlctl.io import atomic_write_json
 
@@ -123,7 +123,7 @@ def _real_options(name: str, args: argparse.Namespace) -> dict:
     import importlib
 
     from vlctl.config import load_config
-    from vlctl.io import VlctlError
+    from vlctl.fsops import VlctlError
     from vlctl.recipes import RECIPES
     from vlctl.recipes.real_common import EncoderRun
     from vlctl.recipes.real_data import REAL_RECIPES, flag
@@ -154,7 +154,7 @@ def read_json_fields(path: str) -> list[str]:
 def reproduce(args: argparse.Namespace) -> dict:
     import time
 
-    from vlctl.io import VlctlError
+    from vlctl.fsops import VlctlError
     from vlctl.progress import heartbeat
     from vlctl.progress import say as _say
     from vlctl.recipes import DEMO, run_recipe

@@ -21,7 +21,7 @@ def explain_args(p: argparse.ArgumentParser) -> None:
                    help="ViT blocks to accumulate: all | last | an integer start block")
     p.add_argument(
         "--anchor", default=None, type=text_arg(),
-        help="anchor text (default: vlctl.methods.trees.anchor_text(positive, negative))"
+        help="anchor text (default: vlctl.captions.trees.anchor_text(positive, negative))"
     )
     p.add_argument("--device", default="cpu", type=device_arg, help="torch device for the encoder (default: cpu)")
     p.add_argument("--fit", choices=("letterbox", "crop"), default="letterbox",
@@ -30,7 +30,7 @@ def explain_args(p: argparse.ArgumentParser) -> None:
 
 
 def _parse_blocks(s: str):
-    from vlctl.io import VlctlError
+    from vlctl.fsops import VlctlError
 
     if s in ("all", "last"):
         return s
@@ -41,8 +41,8 @@ def _parse_blocks(s: str):
 
 
 def explain(args: argparse.Namespace) -> dict:
-    from vlctl.encoders import create
-    from vlctl.methods.relevancy import load_image
+    from vlctl.encoders.factory import create
+    from vlctl.methods.threevl.explain import load_image
     from vlctl.report.overlays import write_explain
 
     blocks = _parse_blocks(args.blocks)
@@ -53,8 +53,8 @@ def explain(args: argparse.Namespace) -> dict:
 
 
 def tree_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.captions.trees import TreeConfig
     from vlctl.cli.args import in_path, text_arg
-    from vlctl.methods.trees import TreeConfig
 
     p.add_argument("captions", nargs="*", metavar="CAPTION", type=text_arg("caption"),
                    help="English captions, each quoted")
@@ -66,7 +66,8 @@ def tree_args(p: argparse.ArgumentParser) -> None:
 def _read_captions(args: argparse.Namespace) -> list[str]:
     from pathlib import Path
 
-    from vlctl.io import VlctlError, read_text_utf8
+    from vlctl.fsops import VlctlError
+    from vlctl.io import read_text_utf8
 
     captions = list(args.captions)
     if args.file is not None:
@@ -78,7 +79,7 @@ def _read_captions(args: argparse.Namespace) -> list[str]:
 
 
 def tree(args: argparse.Namespace) -> dict:
-    from vlctl.methods.trees import TreeConfig, TreeGenerator
+    from vlctl.captions.trees import TreeConfig, TreeGenerator
 
     cfg = config_from_args(TreeConfig, args)
     captions = _read_captions(args)

@@ -11,7 +11,7 @@ import numpy as np
 
 from vlctl.cli.output import add_output_args
 from vlctl.config import add_config_args, config_from_args
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 
 def _open(path: str, need_texts: bool):
@@ -42,12 +42,12 @@ def _store_arg(p: argparse.ArgumentParser, help_: str) -> None:
 
 
 def fit_sae(args: argparse.Namespace) -> dict:
-    from vlctl.methods.sae import SparseAutoencoder
+    from vlctl.methods.sae.model import SparseAutoencoder
 
     cache = _open(args.store, need_texts=False)
     cfg = config_from_args(SparseAutoencoder.Config, args)
     if args.concepts:
-        from vlctl.encoders import create
+        from vlctl.encoders.factory import create
         from vlctl.io import read_text_utf8
 
         if not args.encoder:
@@ -71,8 +71,8 @@ def fit_sae(args: argparse.Namespace) -> dict:
 
 
 def fit_tevi(args: argparse.Namespace) -> dict:
-    from vlctl.methods.sae import SparseAutoencoder
-    from vlctl.methods.tevi import TEVI
+    from vlctl.methods.sae.model import SparseAutoencoder
+    from vlctl.methods.tevi.estimator import TEVI
 
     cache = _open(args.store, need_texts=True)
     image_emb, text_emb = cache.pairs()  # one row per caption: TEVI learns from image-caption pairs
@@ -87,7 +87,7 @@ def fit_tevi(args: argparse.Namespace) -> dict:
 def score_tevi(args: argparse.Namespace) -> dict:
     from vlctl.eval.metrics import recall_at_k
     from vlctl.io import atomic_save_npz
-    from vlctl.methods.tevi import TEVI
+    from vlctl.methods.tevi.estimator import TEVI
 
     store = _open(args.store, need_texts=True)
     tevi = TEVI.load(args.tevi, encoder_id=store.encoder_id)
@@ -113,7 +113,7 @@ def score_tevi(args: argparse.Namespace) -> dict:
 
 def fit_sae_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import in_path, out_path, text_arg
-    from vlctl.methods.sae import SparseAutoencoder
+    from vlctl.methods.sae.model import SparseAutoencoder
 
     _store_arg(p, "the store whose image embeddings the SAE learns")
     p.add_argument("--out", required=True, type=out_path("dir"),
@@ -128,7 +128,7 @@ def fit_sae_args(p: argparse.ArgumentParser) -> None:
 
 def fit_tevi_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import in_path, out_path
-    from vlctl.methods.tevi import TEVI
+    from vlctl.methods.tevi.estimator import TEVI
 
     _store_arg(p, "a store with images and their captions")
     p.add_argument("--sae", required=True, type=in_path("SAE directory", "dir"),
@@ -188,8 +188,9 @@ def _read_labels(store, labels_file: str | None, image_column: str | None) -> li
 
 
 def fit_controlembed(args: argparse.Namespace) -> dict:
-    from vlctl.encoders import create
-    from vlctl.methods.controlembed import ControlEmbed, prompt_ensemble
+    from vlctl.encoders.factory import create
+    from vlctl.methods.controlembed.estimator import ControlEmbed
+    from vlctl.methods.controlembed.prompts import prompt_ensemble
 
     store = _open(args.store, need_texts=False)
     cfg = config_from_args(ControlEmbed.Config, args)
@@ -234,7 +235,8 @@ def fit_controlembed(args: argparse.Namespace) -> dict:
 
 def fit_controlembed_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import TEMPLATE, in_path, out_path, text_arg
-    from vlctl.methods.controlembed import DEFAULT_TEMPLATES, ControlEmbed
+    from vlctl.methods.controlembed.estimator import ControlEmbed
+    from vlctl.methods.controlembed.prompts import DEFAULT_TEMPLATES
 
     _store_arg(p, "the store of the images to learn the attributes from")
     p.add_argument("--out", required=True, type=out_path("dir"),
@@ -279,7 +281,7 @@ def cluster(args: argparse.Namespace) -> dict:
     import numpy as np
 
     from vlctl.io import atomic_write_json
-    from vlctl.methods.controlembed import ControlEmbed, normalize_rows
+    from vlctl.methods.controlembed.estimator import ControlEmbed, normalize_rows
 
     if (args.store is None) == (args.store_flag is None):
         raise VlctlError("cluster: give the store once, as STORE or --store")
@@ -400,16 +402,16 @@ def _scenes_dir(args: argparse.Namespace) -> str:
 
 
 def fit_tree(args) -> dict:
+    from vlctl.captions.trees import TreeGenerator
     from vlctl.config import config_from_args
     from vlctl.data.scenes import SCENE_OPPOSITES, load_scenes, vocabulary
-    from vlctl.encoders import tiny_clip
-    from vlctl.methods.tree_tune import TreeTuner
-    from vlctl.methods.trees import TreeGenerator
+    from vlctl.encoders import tiny_pretrained
+    from vlctl.methods.threevl.tree_tune import TreeTuner
 
     cfg = config_from_args(TreeTuner.Config, args)
     data = load_scenes(_scenes_dir(args))
     captions = [lab["caption"] for lab in data["labels"]]
-    model = tiny_clip.load_pretrained(args.encoder)
+    model = tiny_pretrained.load_pretrained(args.encoder)
     trees = negatives = None
     if cfg.mode != "contrastive":
         gen = TreeGenerator(seed=cfg.seed, opposites=SCENE_OPPOSITES, vocabulary=set(vocabulary()))
@@ -429,7 +431,7 @@ def fit_tree(args) -> dict:
 
 def fit_tree_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import in_path, out_path
-    from vlctl.methods.tree_tune import TreeTuner
+    from vlctl.methods.threevl.tree_tune import TreeTuner
 
     p.add_argument("--encoder", required=True, type=in_path("TinyCLIP model directory", "dir"),
                    help="base TinyCLIP model directory (save_pretrained)")

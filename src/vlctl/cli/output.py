@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from vlctl.io import set_output_policy
+from vlctl.fsops import set_output_policy
 
 
 class _PolicyFlag(argparse.Action):

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from vlctl.config import add_config_args, config_from_args
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 DEMO_DIR = "runs/demo"  # where `make demo` writes
 STATE_ARGS = ("store", "demo", "demo_dir", "controlembed", "tevi", "encoder", "data", "tuned", "reports")

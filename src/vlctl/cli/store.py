@@ -16,7 +16,7 @@ import sys
 
 from vlctl.cli.output import add_output_args
 from vlctl.config import add_config_args, config_from_args
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 _SHOWN_FAILURES = 10
 _INDEX_PREFIX = "index-"  # IndexConfig fields become --index-kind, --index-nlist, ...
@@ -27,7 +27,7 @@ def _index_config(args: argparse.Namespace, default_kind: str):
     store (it keeps its own index) and `default_kind` for a new one."""
     from pathlib import Path
 
-    from vlctl.embeddings.store import IndexConfig
+    from vlctl.embeddings.search import IndexConfig
 
     if any(getattr(args, _INDEX_PREFIX + f.name) is not None for f in dataclasses.fields(IndexConfig)):
         return config_from_args(IndexConfig, args, base=IndexConfig(kind=default_kind), prefix=_INDEX_PREFIX)
@@ -38,7 +38,7 @@ def _embed_into_store(args: argparse.Namespace, default_kind: str) -> dict:
     from vlctl.data.source import open_source
     from vlctl.embeddings.build import embed_source
     from vlctl.embeddings.extract import ExtractConfig
-    from vlctl.encoders import create
+    from vlctl.encoders.factory import create
     from vlctl.train.distributed import destroy_distributed, init_distributed
 
     source = open_source(args.source, args.annotations, args.image_column, args.caption_column,
@@ -102,7 +102,7 @@ def _load_query_embedding(path: str):
 
 def _tevi_reranker(path: str, store):
     """The TEVI directory of `--rerank tevi:DIR` -> a Reranker (refused unless fitted on the store's encoder)."""
-    from vlctl.methods.tevi import TEVI
+    from vlctl.methods.tevi.estimator import TEVI
 
     return TEVI.load(path, encoder_id=store.encoder_id).store_reranker()
 
@@ -112,7 +112,7 @@ def search(args: argparse.Namespace) -> dict:
     import torch
 
     from vlctl.embeddings.store import open_store
-    from vlctl.encoders import create
+    from vlctl.encoders.factory import create
     from vlctl.images import read_image
 
     store = open_store(args.store)
@@ -137,7 +137,7 @@ def search(args: argparse.Namespace) -> dict:
             x = pre(image) if pre is not None else encoder.preprocess(np.asarray(image))
             if args.attribute:
                 # ControlEmbed query mode: only the query moves, (q W + b) . g over the frozen store.
-                from vlctl.methods.controlembed import ControlEmbed
+                from vlctl.methods.controlembed.estimator import ControlEmbed
 
                 if not args.controlembed:
                     raise VlctlError("--attribute needs --controlembed DIR (a model from `vlctl fit controlembed`)")
@@ -166,7 +166,7 @@ def _spec_help() -> str:
 def _source_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import device_arg, in_path, out_path, source_arg, text_arg
     from vlctl.embeddings.extract import ExtractConfig
-    from vlctl.embeddings.store import IndexConfig
+    from vlctl.embeddings.search import IndexConfig
 
     spec_help = _spec_help()
     p.add_argument("source", type=source_arg,

@@ -14,7 +14,8 @@ import argparse
 from pathlib import Path
 
 from vlctl.cli.args import in_path
-from vlctl.io import VlctlError, read_json
+from vlctl.fsops import VlctlError
+from vlctl.io import read_json
 
 
 def verify_args(p: argparse.ArgumentParser) -> None:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vlctl.fsops import VlctlError
 from vlctl.io import (
-    VlctlError,
     atomic_dir,
     atomic_write_bytes,
     atomic_write_json,

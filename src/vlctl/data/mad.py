@@ -31,7 +31,8 @@ from skimage.transform import resize
 from vlctl.config import config_to_dict, opt, validate_config
 from vlctl.data.imageset import load_image_set, write_image_set
 from vlctl.data.shapes import check_label as check_shapes_label
-from vlctl.io import VlctlError, read_json, sha256_json
+from vlctl.fsops import VlctlError
+from vlctl.io import read_json, sha256_json
 
 CATEGORIES = ("digit", "color", "thickthinning", "swelling", "fracture", "scaling")
 VALUES: dict[str, tuple[str, ...]] = {

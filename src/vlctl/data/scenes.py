@@ -67,7 +67,8 @@ from vlctl.data.imageset import (
     write_pngs,
 )
 from vlctl.data.shapes import in_polygon  # the shapes set draws its polygons with the same test
-from vlctl.io import VlctlError, atomic_write_json, read_json, recover_dir, sha256_json
+from vlctl.fsops import VlctlError
+from vlctl.io import atomic_write_json, read_json, recover_dir, sha256_json
 
 SHAPES = ("circle", "square", "triangle", "star", "cross")
 COLORS: dict[str, tuple[int, int, int]] = {

@@ -57,12 +57,8 @@ import numpy as np
 
 from vlctl.config import config_to_dict, opt, validate_config
 from vlctl.data.imageset import check_set_config, load_image_set, write_image_set, write_pngs
-from vlctl.io import (
-    VlctlError,
-    atomic_write_json,
-    read_json,
-    recover_dir,
-)
+from vlctl.fsops import VlctlError
+from vlctl.io import atomic_write_json, read_json, recover_dir
 
 CATEGORIES = ("color", "texture", "count", "shape")
 VALUES: dict[str, tuple[str, ...]] = {

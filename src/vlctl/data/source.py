@@ -19,7 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vlctl.io import VlctlError, read_json
+from vlctl.fsops import VlctlError
+from vlctl.io import read_json
 
 GENERATED_FORMATS = ("vlctl-mad", "vlctl-shapes", "vlctl-scenes")
 TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl")
@@ -91,7 +92,7 @@ def open_source(
         if annotations is not None:
             raise VlctlError(f"{annotations}: a generated set carries its own labels; --annotations is for folders")
         return _generated(path, fmt)
-    from vlctl.data.loaders import load_caption_table, load_image_folder
+    from vlctl.data.loaders.folder import load_caption_table, load_image_folder
 
     if path.is_dir():
         data = load_image_folder(path, annotations, image_column, caption_column, on_missing)

@@ -22,9 +22,10 @@ import numpy as np
 import torch
 
 from vlctl.embeddings.extract import ExtractConfig, embed_image_array, embed_image_files, embed_text_list
-from vlctl.embeddings.store import IndexConfig, Store, discard_if_empty, open_or_create_store
+from vlctl.embeddings.search import IndexConfig
+from vlctl.embeddings.store import Store, discard_if_empty, open_or_create_store
 from vlctl.embeddings.table import MANIFEST
-from vlctl.io import VlctlError, fsync, locked, replace
+from vlctl.fsops import VlctlError, fsync, locked, replace
 
 
 @contextlib.contextmanager

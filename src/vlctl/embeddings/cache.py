@@ -28,16 +28,8 @@ from vlctl.embeddings.manifest import FORMAT
 from vlctl.embeddings.search import IndexConfig
 from vlctl.embeddings.store import Store, create_store, open_store
 from vlctl.embeddings.table import MANIFEST
-from vlctl.io import (
-    ContentChangedError,
-    VlctlError,
-    atomic_dir,
-    clean_dead_temps,
-    locked,
-    open_memmap,
-    read_json,
-    sha256_json,
-)
+from vlctl.fsops import VlctlError, locked
+from vlctl.io import ContentChangedError, atomic_dir, clean_dead_temps, open_memmap, read_json, sha256_json
 
 __all__ = ["EmbeddingCache", "cache_key", "convert_cache", "embed", "open_cache"]
 

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from vlctl.config import opt, validate_config
+from vlctl.fsops import VlctlError
 from vlctl.images import DEFAULT_MAX_PIXELS, ImageDecodeError, read_image
-from vlctl.io import VlctlError
 from vlctl.progress import progress_bar
 from vlctl.threads import torch_threads
 

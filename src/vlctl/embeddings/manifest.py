@@ -11,7 +11,8 @@ from pathlib import Path
 from vlctl.config import config_to_dict
 from vlctl.embeddings.search import IndexConfig
 from vlctl.embeddings.table import MANIFEST
-from vlctl.io import VlctlError, read_json, recover_dir
+from vlctl.fsops import VlctlError
+from vlctl.io import read_json, recover_dir
 
 FORMAT = "vlctl.store/1"
 OLD_FORMATS = ("vlctl.gallery/1",)  # galleries of vlctl 0.1: a store without text rows

@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 
 from vlctl.config import opt, validate_config
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 INDEX_KINDS = ("none", "flat", "ivfpq", "hnsw")
 

@@ -57,10 +57,9 @@ from typing import Any
 import numpy as np
 
 from vlctl.config import config_from_dict, config_to_dict
-from vlctl.embeddings.manifest import FORMAT, OLD_FORMATS, is_empty, new_manifest, now, read_manifest
-from vlctl.embeddings.results import Reranker, SearchResult, exact_rerank
+from vlctl.embeddings.manifest import FORMAT, is_empty, new_manifest, now, read_manifest
+from vlctl.embeddings.results import Reranker, SearchResult
 from vlctl.embeddings.search import (
-    INDEX_KINDS,
     IndexConfig,
     faiss_module,
     new_index,
@@ -79,22 +78,19 @@ from vlctl.embeddings.table import (
     write_shard,
 )
 from vlctl.embeddings.tuning import tune_store
+from vlctl.fsops import VlctlError, locked, output_policy
 from vlctl.io import (
-    VlctlError,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
     check_content,
     check_file,
     fast_hash_file,
-    locked,
-    output_policy,
     read_json,
     sha256_file,
 )
 
-__all__ = ["FORMAT", "INDEX_KINDS", "OLD_FORMATS", "IndexConfig", "Reranker", "SearchResult", "Store", "create_store",
-           "exact_rerank", "open_or_create_store", "open_store"]
+__all__ = ["Store", "create_store", "open_or_create_store", "open_store"]
 
 _NAMES = r"(emb|meta|txt|txtmeta)-\d{5}\.(npy|jsonl)|index-\d+\.faiss"
 _SHARD_RE = re.compile(rf"^({_NAMES})$")

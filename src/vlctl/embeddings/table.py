@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from vlctl.embeddings.search import normalise
-from vlctl.io import VlctlError, check_content, check_file, fast_hash_file, fsync, open_memmap, replace, sha256_file
+from vlctl.fsops import VlctlError, fsync, replace
+from vlctl.io import check_content, check_file, fast_hash_file, open_memmap, sha256_file
 
 MANIFEST = "manifest.json"
 ADD_CHUNK = 65_536  # rows normalised and indexed at a time by an add

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from vlctl.fsops import VlctlError
 from vlctl.images import DEFAULT_MAX_PIXELS, read_image
-from vlctl.io import VlctlError
 
 
 @runtime_checkable

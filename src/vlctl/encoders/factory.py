@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from vlctl.encoders.base import Encoder
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 SPEC_FORMS = (
     "open_clip:<model>[/<pretrained tag or checkpoint path>]  (no tag: random weights, [?seed=N], default 0)",

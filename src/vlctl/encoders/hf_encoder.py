@@ -39,7 +39,8 @@ from vlctl.encoders.open_clip_encoder import (
     run_batched,
     run_batched_by_length,
 )
-from vlctl.io import VlctlError, hash_state_dict
+from vlctl.fsops import VlctlError
+from vlctl.io import hash_state_dict
 
 SUPPORTED_MODEL_TYPES = ("clip", "siglip", "siglip2")
 # The files transformers loads weights from (transformers.utils' *_WEIGHTS_NAME / *_INDEX_NAME).

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 
 def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from vlctl.encoders.tokenizer import PAD_ID, as_text_list
-from vlctl.io import VlctlError, sha256_file
+from vlctl.fsops import VlctlError
+from vlctl.io import sha256_file
 
 if TYPE_CHECKING:
     from vlctl.encoders.tiny_config import TinyCLIPConfig

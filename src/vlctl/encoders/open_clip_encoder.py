@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlctl.encoders.base import FrontDoor, check_keep, eval_mode, seeded_init
-from vlctl.io import VlctlError, hash_state_dict
+from vlctl.fsops import VlctlError
+from vlctl.io import hash_state_dict
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 # OpenCLIP architectures that ship with vlctl (open_clip's config JSON format), for offline tests

@@ -13,7 +13,8 @@ import math
 from pathlib import Path
 
 from vlctl.config import config_from_dict, load_config, opt, validate_config
-from vlctl.io import VlctlError, read_json
+from vlctl.fsops import VlctlError
+from vlctl.io import read_json
 
 VISION_POOLS = ("cls", "cls_mean")  # TinyCLIPConfig.vision_pool
 

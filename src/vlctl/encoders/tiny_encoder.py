@@ -14,7 +14,7 @@ from vlctl.encoders.base import FrontDoor, check_keep, eval_mode
 from vlctl.encoders.tiny_config import TinyCLIPConfig
 from vlctl.encoders.tiny_model import TinyCLIP, encoder_id, image_transform, preprocess_batch, unwrap_model
 from vlctl.encoders.tiny_pretrained import load_pretrained
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 
 class TinyCLIPEncoder(FrontDoor):

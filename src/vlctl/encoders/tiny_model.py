@@ -25,7 +25,7 @@ mean = std = 0.5 per channel, i.e. to [-1, 1] (`IMAGE_MEAN`, `IMAGE_STD`). Image
 are resized (shorter side to S, bilinear with antialiasing) and centre-cropped.
 
 The rest of TinyCLIP: configs in `tiny_config.py`, the loss in `loss.py`, save / load in
-`tiny_pretrained.py`, the Encoder wrapper in `tiny_encoder.py`; `tiny_clip.py` gathers them.
+`tiny_pretrained.py`, the Encoder wrapper in `tiny_encoder.py`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ from vlctl.encoders.base import seeded_init
 from vlctl.encoders.minilm import MiniLMText, MiniLMTokenizer
 from vlctl.encoders.tiny_config import TinyCLIPConfig, get_config
 from vlctl.encoders.tokenizer import END_ID, WordTokenizer
-from vlctl.io import VlctlError, hash_state_dict
+from vlctl.fsops import VlctlError
+from vlctl.io import hash_state_dict
 
 IMAGE_MEAN: tuple[float, float, float] = (0.5, 0.5, 0.5)
 IMAGE_STD: tuple[float, float, float] = (0.5, 0.5, 0.5)

@@ -19,15 +19,8 @@ from vlctl.config import config_from_dict, config_to_dict
 from vlctl.encoders.minilm import minilm_fingerprint
 from vlctl.encoders.tiny_config import CONFIG_FILE, FORMAT, WEIGHTS_FILE, TinyCLIPConfig
 from vlctl.encoders.tiny_model import TinyCLIP, encoder_id, unwrap_model
-from vlctl.io import (
-    VlctlError,
-    atomic_dir,
-    atomic_save_safetensors,
-    atomic_write_json,
-    read_json,
-    sha256_file,
-    sha256_json,
-)
+from vlctl.fsops import VlctlError
+from vlctl.io import atomic_dir, atomic_save_safetensors, atomic_write_json, read_json, sha256_file, sha256_json
 
 
 def _cpu_state(model: TinyCLIP) -> dict[str, torch.Tensor]:

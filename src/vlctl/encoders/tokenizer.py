@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 PAD, START, END = "<pad>", "<start>", "<end>"
 SPECIALS = (PAD, START, END)

@@ -7,9 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from vlctl.eval.metrics import checklist_accuracy
-
-__all__ = ["checklist_accuracy", "checklist_scores", "row_cosine"]
+__all__ = ["checklist_scores", "row_cosine"]
 
 
 def row_cosine(a: Any, b: Any) -> np.ndarray:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from vlctl.config import config_to_dict, opt, validate_config
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 DATASETS = ("coco", "flickr", "karpathy", "rococo")
 _SHOWN = 10  # failed images named in an error
@@ -221,7 +221,7 @@ def evaluate_retrieval(
 
     Missing image files are the loader's VlctlError (how many, which, the root it looked in).
     """
-    from vlctl.data.loaders import load_karpathy, load_rococo
+    from vlctl.data.loaders.retrieval import load_karpathy, load_rococo
 
     cfg = cfg or RetrievalConfig()
     if dataset not in DATASETS:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from vlctl.config import check_values, validate_config
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 
 class UnknownParameterError(VlctlError, TypeError):

@@ -13,20 +13,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 # name -> module:function(out, quick, force, stages, from_scratch, **options) -> Path of report.md
 RECIPES: dict[str, str] = {
-    "mad-clip": "vlctl.recipes.mad_clip:run",
-    "controlembed-shapes": "vlctl.recipes.controlembed_shapes:run",
-    "tevi-mad": "vlctl.recipes.tevi_mad:run",
-    "3vl-scenes": "vlctl.recipes.three_vl_scenes:run",
-    "tevi-coco": "vlctl.recipes.tevi_coco:run",
-    "controlembed-clevr4": "vlctl.recipes.controlembed_real:run_clevr4",
-    "controlembed-stanford40": "vlctl.recipes.controlembed_real:run_stanford40",
-    "controlembed-shotbench": "vlctl.recipes.controlembed_real:run_shotbench",
-    "3vl-coco": "vlctl.recipes.three_vl_coco:run",
-    "3vl-lit": "vlctl.recipes.three_vl_lit:run",
+    "mad-clip": "vlctl.recipes.tevi.mad_clip:run",
+    "controlembed-shapes": "vlctl.recipes.controlembed.shapes:run",
+    "tevi-mad": "vlctl.recipes.tevi.mad:run",
+    "3vl-scenes": "vlctl.recipes.threevl.scenes:run",
+    "tevi-coco": "vlctl.recipes.tevi.coco:run",
+    "controlembed-clevr4": "vlctl.recipes.controlembed.real:run_clevr4",
+    "controlembed-stanford40": "vlctl.recipes.controlembed.real:run_stanford40",
+    "controlembed-shotbench": "vlctl.recipes.controlembed.real:run_shotbench",
+    "3vl-coco": "vlctl.recipes.threevl.coco:run",
+    "3vl-lit": "vlctl.recipes.threevl.lit:run",
 }
 # What `vlctl reproduce all` runs: the synthetic demo recipes only, in this order (tevi-mad
 # reuses mad-clip's CLIP). Every other recipe is run by name.

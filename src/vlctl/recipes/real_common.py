@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from vlctl.config import opt
-from vlctl.io import VlctlError, atomic_save_npz, atomic_write_json, read_json, sha256_file, sha256_json
+from vlctl.fsops import VlctlError
+from vlctl.io import atomic_save_npz, atomic_write_json, read_json, sha256_file, sha256_json
 from vlctl.progress import say
 
 RANDOM_WEIGHTS_NOTE = (
@@ -69,7 +70,7 @@ def say_main(line: str) -> None:
 
 
 def load_encoder(spec: str, run: EncoderRun):
-    from vlctl.encoders import create
+    from vlctl.encoders.factory import create
 
     return create(spec, device=rank_device(run.device), precision=run.precision, batch_size=run.batch_size)
 

@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 
 from vlctl.config import opt
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 # The upstream layouts, as the errors and `vlctl reproduce --help` print them.
 LAYOUTS = {

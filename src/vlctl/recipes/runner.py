@@ -9,7 +9,7 @@ resumable stage (training) picks its `.partial/` directory up again.
 
 Shipped checkpoints. The `--quick` presets' training stages (and the MAD train split's
 embeddings and label values, which would otherwise need 30,000 images rendered) are committed
-under `recipes/checkpoints/<name>-<key>/` (their files listed with their hashes in
+under `checkpoints/<name>-<key>/` (their files listed with their hashes in
 `checkpoints/manifest.json`; `vlctl.recipes.shipped` says which), so `make demo` runs every
 method, evaluation and report on trained models in minutes. A stage that is not finished in STAGES but is shipped with the same directory
 name (so the same key) is copied from there, after its files are checked against the manifest.
@@ -26,7 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vlctl.io import VlctlError, atomic_write_json, read_json
+from vlctl.fsops import VlctlError
+from vlctl.io import atomic_write_json, read_json
 from vlctl.progress import heartbeat
 from vlctl.progress import say as _say
 from vlctl.recipes.shipped import SHIPPED, copy_shipped, shipped_manifest, stage_dir_name

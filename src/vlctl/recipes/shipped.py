@@ -4,7 +4,7 @@ Each is a finished training stage of a `--quick` preset (the CLIPs; 3VL's base a
 LoRA fine-tunes), or of a full preset named in FULL_PRESETS (the paper-size MAD CLIP, 80-110 min of
 training on 2 cores, which tevi-mad's 5-seed protocol starts from), as the recipe itself wrote it (`done.json` with the stage key, `model/` with the
 TinyCLIP weights and its encoder id, the training log; not the resume state), stored under
-`checkpoints/<stage>-<key digest>/`. `checkpoints/manifest.json` lists, per stage
+`checkpoints/<stage>-<key digest>/` at the repository's top level. `checkpoints/manifest.json` lists, per stage
 directory, the recipe, the stage, how long it trained and the sha256 of every file; the runner
 copies a stage from here only when its key and every hash match.
 
@@ -17,20 +17,26 @@ Refresh them after a change to a preset or an architecture (the test suite says 
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import sys
 from pathlib import Path
 
-from vlctl.io import VlctlError, atomic_write_json, read_json, sha256_file, sha256_json
+from vlctl.fsops import VlctlError
+from vlctl.io import atomic_write_json, read_json, sha256_file, sha256_json
 
-SHIPPED = Path(__file__).with_name("checkpoints")
+# One setting says where they are: $VLCTL_CHECKPOINTS, else the repository's top-level checkpoints/
+# beside src/ (a source checkout or an editable install). They live outside the package so that a
+# wheel of vlctl does not carry 27 MB of weights; with no such folder every recipe trains its models.
+CHECKPOINTS_ENV = "VLCTL_CHECKPOINTS"
+SHIPPED = Path(os.environ.get(CHECKPOINTS_ENV) or Path(__file__).resolve().parents[3] / "checkpoints")
 # recipe -> its module, whose `shipped_stage_keys(cfg, stages)` names the stages worth shipping
 # (minutes of training each) and their keys, reading any upstream stage they are keyed by in `stages`.
 TRAINED = {
-    "mad-clip": "vlctl.recipes.mad_clip",
-    "controlembed-shapes": "vlctl.recipes.controlembed_shapes",
-    "3vl-scenes": "vlctl.recipes.three_vl_scenes",
-    "tevi-mad": "vlctl.recipes.tevi_mad",
+    "mad-clip": "vlctl.recipes.tevi.mad_clip",
+    "controlembed-shapes": "vlctl.recipes.controlembed.shapes",
+    "3vl-scenes": "vlctl.recipes.threevl.scenes",
+    "tevi-mad": "vlctl.recipes.tevi.mad",
 }
 # recipe -> the full (not --quick) preset's stages shipped too. Only the MAD CLIP: tevi-mad's full train embeddings
 # (60,000 x 18 x 2 float32, 8.6 MB) are recomputed from it in about 5 minutes, its training takes 80-110.

@@ -1,3 +1,0 @@
-from vlctl.report.writer import Report
-
-__all__ = ["Report"]

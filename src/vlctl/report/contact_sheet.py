@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from vlctl.io import VlctlError, atomic_write_bytes
+from vlctl.fsops import VlctlError
+from vlctl.io import atomic_write_bytes
 
 _BACKGROUND = (255, 255, 255)
 _FAILED_TILE = (160, 160, 160)

@@ -17,7 +17,7 @@ over a grey version of the photo so that only the map carries colour, with an op
 |v| (`ColourScale.alpha`): where v = 0 the grey photo shows, unchanged and hue-free. `pixelated`
 figures (the 32 px scenes) are upscaled by a whole factor with nearest-neighbour, for image and map.
 
-`write_explain` is `vlctl explain`: the maps of `vlctl.methods.relevancy.explain_maps`, one PNG per
+`write_explain` is `vlctl explain`: the maps of `vlctl.methods.threevl.relevancy.explain_maps`, one PNG per
 map and maps.npz.
 """
 
@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from vlctl.io import VlctlError, atomic_save_npz, atomic_write_bytes
-from vlctl.methods.relevancy import FULL_REGION, map_onto_image
+from vlctl.fsops import VlctlError
+from vlctl.io import atomic_save_npz, atomic_write_bytes
+from vlctl.methods.threevl.explain import FULL_REGION, map_onto_image
 
 MIN_SIDE = 384  # the shorter side of every drawn image, in pixels (unless that makes the longer over MAX_SIDE)
 MAX_SIDE = 1024
@@ -314,7 +315,7 @@ def write_explain(encoder: Any, image: np.ndarray, positive: str, negative: str 
     whole image; "crop", its central square). The HilaCAM maps of P and N and the Anchor map share
     one colour scale; DiRe has its own, centred at 0.
     """
-    from vlctl.methods.relevancy import explain_maps
+    from vlctl.methods.threevl.explain import explain_maps
 
     res = explain_maps(encoder, image, positive, negative, blocks=blocks, anchor=anchor, fit=fit)
     maps, shown, region = res.pop("maps"), res.pop("shown"), res.pop("region")

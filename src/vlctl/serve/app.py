@@ -54,7 +54,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vlctl.config import opt, validate_config
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 from vlctl.serve import imaging, schemas, work
 from vlctl.serve.heavy import HeavyWorker, WorkerLost
 from vlctl.serve.jobs import Jobs, TooManyJobs

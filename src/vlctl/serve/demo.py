@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from vlctl.io import VlctlError, read_json
+from vlctl.fsops import VlctlError
+from vlctl.io import read_json
 from vlctl.serve.state import Collection, ExplainSet, ServeState, find_reports, label_text
 
 
@@ -66,9 +67,9 @@ def _store_of(embed_dir: Path, data_id: str):
 def shapes_collection(stages: Path) -> Collection:
     from vlctl.data.mad import mad_dataset_id
     from vlctl.data.shapes import CATEGORIES, VALUES, load_shapes
-    from vlctl.encoders import load_encoder
-    from vlctl.methods.controlembed import ControlEmbed
-    from vlctl.recipes import controlembed_shapes as recipe
+    from vlctl.encoders.factory import load_encoder
+    from vlctl.methods.controlembed.estimator import ControlEmbed
+    from vlctl.recipes.controlembed import shapes as recipe
 
     keys = recipe.stage_keys(recipe.load_preset(True))
     data = find_stage(stages, "data", keys["data"], exact=True) / "test"
@@ -87,9 +88,9 @@ def shapes_collection(stages: Path) -> Collection:
 
 def mad_collection(stages: Path) -> Collection:
     from vlctl.data.mad import load_mad, mad_dataset_id
-    from vlctl.encoders import load_encoder
-    from vlctl.methods.tevi import TEVI
-    from vlctl.recipes import mad_clip
+    from vlctl.encoders.factory import load_encoder
+    from vlctl.methods.tevi.estimator import TEVI
+    from vlctl.recipes.tevi import mad_clip
 
     cfg = mad_clip.load_preset(True)
     keys = mad_clip.stage_keys(cfg)
@@ -137,10 +138,10 @@ def _tree_tuned(stages: Path, recipe: Any, base_key: dict) -> Path:
 
 
 def scenes_explain(stages: Path) -> ExplainSet:
+    from vlctl.captions.trees import TreeGenerator
     from vlctl.data.scenes import SCENE_OPPOSITES, load_scenes, vocabulary
-    from vlctl.encoders import tiny_clip
-    from vlctl.methods.trees import TreeGenerator
-    from vlctl.recipes import three_vl_scenes as recipe
+    from vlctl.encoders import tiny_encoder
+    from vlctl.recipes.threevl import scenes as recipe
 
     keys = recipe.stage_keys(recipe.load_preset(True))
     data = find_stage(stages, "data", keys["data"], exact=True) / "test"
@@ -148,7 +149,7 @@ def scenes_explain(stages: Path) -> ExplainSet:
     tree = _tree_tuned(stages, recipe, keys["base"])
     test = load_scenes(data)
     labels = test["labels"]
-    models = {"base": tiny_clip.load_encoder(base / "model"), "tree-tuned": tiny_clip.load_encoder(tree / "model")}
+    models = {"base": tiny_encoder.load_tiny_encoder(base / "model"), "tree-tuned": tiny_encoder.load_tiny_encoder(tree / "model")}
     gen = TreeGenerator(seed=0, opposites=SCENE_OPPOSITES, vocabulary=set(vocabulary()))
     return ExplainSet("scenes", len(labels), lambda r: np.asarray(test["images"][r]), models,
                       lambda r: labels[r]["caption"], gen, pixelated=True)

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 _STATE: Any = None  # the worker process's ServeState
 

@@ -12,7 +12,7 @@ import io
 
 import numpy as np
 
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 # (magic bytes at offset 0, the PIL format name); WEBP is "RIFF....WEBP".
 SIGNATURES: tuple[tuple[bytes, str], ...] = (

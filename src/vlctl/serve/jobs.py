@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 from vlctl.serve.state import NotFound
 
 

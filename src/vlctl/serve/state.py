@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 MAX_LABEL_CHARS = 200  # of a row's label shown under its thumbnail
 
@@ -226,7 +226,7 @@ class Collection:
         """ControlEmbed's (W, b) for `attribute`, computed once under the lock."""
         import warnings
 
-        from vlctl.methods.controlembed import UntrainedAttributeWarning
+        from vlctl.methods.controlembed.estimator import UntrainedAttributeWarning
 
         if self.controlembed is None:
             raise VlctlError(f"collection {self.name!r}: no ControlEmbed model is loaded (steering by attribute "
@@ -260,7 +260,7 @@ class ExplainSet:
     def __post_init__(self) -> None:
         if not self.models:
             raise VlctlError("explain: no model to explain with")
-        from vlctl.methods.relevancy import patch_geometry
+        from vlctl.methods.threevl.relevancy import patch_geometry
 
         for name, enc in self.models.items():
             if patch_geometry(enc) is None:
@@ -395,7 +395,7 @@ def state_for_store(store: str | Path, *, controlembed: str | Path | None = None
     encoder (`encoder` or the spec the store records), the given models, an explain set over its
     images when the encoder has a ViT tower (`tuned`: a second TinyCLIP to compare), `reports`."""
     from vlctl.embeddings.store import open_store
-    from vlctl.encoders import create
+    from vlctl.encoders.factory import create
 
     st = open_store(store)
     spec = encoder or st.encoder_spec
@@ -404,11 +404,11 @@ def state_for_store(store: str | Path, *, controlembed: str | Path | None = None
         st.check_encoder(enc.id)
     ce = tv = None
     if controlembed is not None:
-        from vlctl.methods.controlembed import ControlEmbed
+        from vlctl.methods.controlembed.estimator import ControlEmbed
 
         ce = ControlEmbed.load(controlembed, encoder_id=st.encoder_id)
     if tevi is not None:
-        from vlctl.methods.tevi import TEVI
+        from vlctl.methods.tevi.estimator import TEVI
 
         tv = TEVI.load(tevi, encoder_id=st.encoder_id)
     pixels, labels = store_pixels(st, data, max_pixels) if len(st) else (None, None)
@@ -416,13 +416,13 @@ def state_for_store(store: str | Path, *, controlembed: str | Path | None = None
     coll = Collection(name, st, enc, pixels, labels, ce, tv, description=f"{len(st)} images, encoder {st.encoder_id}")
     explain = None
     if enc is not None and pixels is not None:
-        from vlctl.methods.relevancy import patch_geometry
+        from vlctl.methods.threevl.relevancy import patch_geometry
 
         if patch_geometry(enc) is not None:
             models = {"base": enc}
             if tuned is not None:
                 models["tuned"] = create(str(tuned))
-            from vlctl.methods.trees import TreeGenerator
+            from vlctl.captions.trees import TreeGenerator
 
             # A word-tokenizer TinyCLIP knows only its vocabulary: the trees' negatives must use it.
             cfg = getattr(enc, "config", None)

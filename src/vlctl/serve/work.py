@@ -1,7 +1,7 @@
 """What each endpoint of `vlctl serve` computes, as plain functions of the state and a validated
 request (the app runs them in a worker thread under a timeout). Every number comes from the
 library's own methods: `Store.search`, `ControlEmbed.affine` / `cluster`, TEVI's gallery
-reranker, `explain_maps`, the caption trees of `vlctl.methods.trees`."""
+reranker, `explain_maps`, the caption trees of `vlctl.captions.trees`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 from vlctl.serve import imaging
 from vlctl.serve.state import Collection, ExplainSet
 
@@ -53,7 +53,7 @@ def steer(coll: Collection, req: Any) -> dict:
                 "note": f"the top {ids.shape[1]} by cosine, re-scored by TEVI's caption-conditioned score",
                 "hits": hits}
     q, query = query_vector(coll, req.text, req.image_id)
-    from vlctl.methods.controlembed import normalize_rows
+    from vlctl.methods.controlembed.estimator import normalize_rows
 
     q = normalize_rows(q)
     w, b = coll.affine(req.attribute)
@@ -78,7 +78,7 @@ def cluster(coll: Collection, attribute: str, k: int | None, seed: int, per_clus
     """`vlctl cluster` in memory: ControlEmbed k-means of the whole collection by `attribute`; per
     cluster its size, the rows nearest its centre (in the space k-means ran in) and the subclass
     whose text embedding is nearest the centre."""
-    from vlctl.methods.controlembed import normalize_rows
+    from vlctl.methods.controlembed.estimator import normalize_rows
 
     t0 = time.perf_counter()
     model = coll.controlembed
@@ -117,7 +117,7 @@ DISPLAY_SIDE = 256  # pixels of the longer side of a heatmap shown on the page
 
 def _tree_scores(enc: Any, image: np.ndarray, levels: list[dict]) -> list[dict]:
     """Cosine of the image with each level's positive and negatives (the letterboxed image, as the maps see it)."""
-    from vlctl.methods.relevancy import letterbox
+    from vlctl.methods.threevl.explain import letterbox
 
     img = enc.embed_images([letterbox(image).image])[0]
     out = []
@@ -137,7 +137,7 @@ def explain(es: ExplainSet, row: int | None, positive: str, negative: str | None
     shared by the models (HilaCAM and Anchor: one sequential scale; DiRe: one centred at 0), and the
     caption tree of P scored by each model. An upload smaller than half the display side is
     upscaled nearest-neighbour (its pixels stay visible), a larger one smoothly."""
-    from vlctl.methods.relevancy import explain_maps
+    from vlctl.methods.threevl.explain import explain_maps
     from vlctl.report.overlays import ColourScale, overlay_rgb
 
     t0 = time.perf_counter()

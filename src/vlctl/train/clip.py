@@ -1,7 +1,7 @@
 """Train TinyCLIP from scratch on a captioned image set (MAD, shapes, ...) with the one loop.
 
 `train_clip_arrays` is the trainer (arrays in, weights trained in place); `train_clip` runs it on
-a MAD-format directory, `vlctl.methods.tree_tune.pretrain_clip` on arrays (3VL's base model).
+a MAD-format directory, `vlctl.methods.threevl.tree_tune.pretrain_clip` on arrays (3VL's base model).
 
 Runs the same in one process or under `torchrun --nproc_per_node P` (DDP): `vlctl train clip`.
 InfoNCE with a learnable temperature; the temperature gets its own learning rate because with
@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from vlctl.config import config_to_dict, opt, validate_config
-from vlctl.encoders import tiny_clip
-from vlctl.io import VlctlError
+from vlctl.encoders import tiny_model, tiny_pretrained
+from vlctl.encoders.loss import clip_loss
+from vlctl.fsops import VlctlError
 from vlctl.train.loop import LoopConfig, TrainResult, default_param_groups, sample_rng, train
 
 
@@ -57,7 +58,7 @@ def train_clip(
     if not captions:
         raise VlctlError(f"{data_dir}: no captions to train on")
 
-    model = tiny_clip.create_model(cfg.model, seed=loop.seed)
+    model = tiny_model.create_model(cfg.model, seed=loop.seed)
     text_inputs = model.tokenize(captions) if model.config.text_tower == "transformer" else captions
     run_config = {"clip": config_to_dict(cfg), "model": config_to_dict(model.config), "data": mad_dataset_id(data_dir)}
     result = train_clip_arrays(model, images, text_inputs, out_dir, loop, temperature_lr=cfg.temperature_lr,
@@ -65,7 +66,7 @@ def train_clip(
     from vlctl.train.distributed import is_main
 
     if is_main():
-        tiny_clip.save_pretrained(model, Path(out_dir) / "model")
+        tiny_pretrained.save_pretrained(model, Path(out_dir) / "model")
     return result
 
 
@@ -87,7 +88,7 @@ def train_clip_arrays(
     """Train the TinyCLIP `model` in place, contrastively (CLIP InfoNCE with its learnable
     temperature), on `images` (N, S, S, 3) uint8 and their `texts` with the one loop
     (`vlctl.train.loop.train`); the two from-scratch trainers (`train_clip`,
-    `vlctl.methods.tree_tune.pretrain_clip`) are this function.
+    `vlctl.methods.threevl.tree_tune.pretrain_clip`) are this function.
 
     texts: token rows (N, C) (the word-level text tower) or N strings (MiniLM).
     temperature_lr: the learnable temperature's own learning rate (its own param group, no weight
@@ -114,7 +115,7 @@ def train_clip_arrays(
                 # `s` px of the border wraps to the other side (rare on MAD: digits fill a
                 # centred 20 px box; only some 'small' ones are pasted near an edge).
                 batch[row] = np.roll(batch[row], (int(dy), int(dx)), axis=(0, 1))
-        x = tiny_clip.preprocess_batch(batch)
+        x = tiny_model.preprocess_batch(batch)
         t = texts[torch.as_tensor(indices)] if torch.is_tensor(texts) else [texts[i] for i in indices]
         if text_batch is not None:
             t = text_batch(t)
@@ -129,7 +130,7 @@ def train_clip_arrays(
                 raise VlctlError("train_clip_arrays: patch dropout (patch_keep) runs in one process only, not DDP")
             img = F.normalize(m.visual.forward_keep(x, keep), dim=-1)
             txt, scale = m.encode_text(t, normalize=True), m.scale()
-        loss = tiny_clip.clip_loss(img, txt, scale)
+        loss = clip_loss(img, txt, scale)
         return loss, {"temp": float(1.0 / scale.detach())}
 
     # The temperature gets its own group and lr; everything else keeps the loop's default groups.

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,14 +49,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from vlctl.config import config_to_dict, opt, validate_config
+from vlctl.fsops import VlctlError, locked
 from vlctl.io import (
-    VlctlError,
     atomic_dir,
     atomic_save_safetensors,
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
-    locked,
     read_json,
     recover_dir,
     sha256_file,

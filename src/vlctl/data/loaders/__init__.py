@@ -23,58 +23,5 @@ text only, without checking (caption-only uses: trees, negatives, text embedding
 Modules: common (ImageTextData, the missing-file check, the CSV / TSV / JSONL table reader),
 retrieval (Karpathy, RoCOCO, long captions), folder (caption tables, image folders, Clevr-4),
 compositional (SugarCrepe, VL-CheckList, ARO), webdataset (tar shards), labelled
-(LabelledImages, Stanford 40, ShotBench). Every public name is importable from here.
+(LabelledImages, Stanford 40, ShotBench). Each name is imported from its module.
 """
-
-from vlctl.data.loaders.common import (
-    CAPTION_COLUMNS,
-    IMAGE_COLUMNS,
-    IMAGE_EXTENSIONS,
-    ON_MISSING,
-    ImageTextData,
-)
-from vlctl.data.loaders.compositional import (
-    ContrastItem,
-    load_aro,
-    load_sugarcrepe,
-    load_vl_checklist,
-    load_vl_checklist_corpus,
-)
-from vlctl.data.loaders.folder import list_images, load_caption_table, load_clevr4, load_image_folder
-from vlctl.data.loaders.labelled import (
-    STANFORD40_SPLITS,
-    LabelledImages,
-    load_shotbench,
-    load_stanford40,
-    stanford40_action,
-)
-from vlctl.data.loaders.retrieval import load_karpathy, load_long_captions, load_rococo
-from vlctl.data.loaders.webdataset import WebDatasetSample, expand_shards, iter_webdataset
-
-__all__ = [
-    "CAPTION_COLUMNS",
-    "IMAGE_COLUMNS",
-    "IMAGE_EXTENSIONS",
-    "ON_MISSING",
-    "STANFORD40_SPLITS",
-    "ContrastItem",
-    "ImageTextData",
-    "LabelledImages",
-    "WebDatasetSample",
-    "expand_shards",
-    "iter_webdataset",
-    "list_images",
-    "load_aro",
-    "load_caption_table",
-    "load_clevr4",
-    "load_image_folder",
-    "load_karpathy",
-    "load_long_captions",
-    "load_rococo",
-    "load_shotbench",
-    "load_stanford40",
-    "load_sugarcrepe",
-    "load_vl_checklist",
-    "load_vl_checklist_corpus",
-    "stanford40_action",
-]

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from vlctl.io import VlctlError, read_text_utf8
+from vlctl.fsops import VlctlError
+from vlctl.io import read_text_utf8
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 ON_MISSING = ("error", "skip")

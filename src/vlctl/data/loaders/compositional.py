@@ -10,7 +10,8 @@ from pathlib import Path
 from vlctl.data.loaders.common import (
     _build,
 )
-from vlctl.io import VlctlError, read_json, read_text_utf8
+from vlctl.fsops import VlctlError
+from vlctl.io import read_json, read_text_utf8
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,8 @@ from vlctl.data.loaders.common import (
     _pick,
     _read_table,
 )
-from vlctl.io import VlctlError, read_json
+from vlctl.fsops import VlctlError
+from vlctl.io import read_json
 
 # --------------------------------------------------------------------------------------------
 # CSV / TSV of image path + caption (OpenCLIP's --csv-img-key / --csv-caption-key)

@@ -20,7 +20,8 @@ from vlctl.data.loaders.common import (
     _pick,
     _read_table,
 )
-from vlctl.io import VlctlError, read_json, read_text_utf8
+from vlctl.fsops import VlctlError
+from vlctl.io import read_json, read_text_utf8
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,8 @@ from vlctl.data.loaders.common import (
     _pick,
     _read_table,
 )
-from vlctl.io import VlctlError, read_json
+from vlctl.fsops import VlctlError
+from vlctl.io import read_json
 
 # --------------------------------------------------------------------------------------------
 # Karpathy splits (COCO, Flickr30k) and the [{image, caption}] form

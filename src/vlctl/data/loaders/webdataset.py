@@ -12,7 +12,7 @@ from vlctl.data.loaders.common import (
     _SHOW,
     IMAGE_EXTENSIONS,
 )
-from vlctl.io import VlctlError
+from vlctl.fsops import VlctlError
 
 
 @dataclasses.dataclass(frozen=True)

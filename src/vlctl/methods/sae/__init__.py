@@ -1,0 +1,1 @@
+"""The TopK sparse autoencoder that TEVI edits embeddings through."""

@@ -1,0 +1,1 @@
+"""TEVI: a caption-conditioned mask over an SAE's latents (estimator) and its all-pairs scoring."""

@@ -1,0 +1,1 @@
+"""ControlEmbed's reproductions: Clevr-4-like shapes (synthetic) and the real datasets."""

@@ -1,0 +1,1 @@
+"""3VL's reproductions: compositional scenes, the LiT recipe (synthetic) and COCO (real data)."""
