@@ -172,7 +172,7 @@ def bench_tevi_gallery_rerank(n: int = 100_000, d: int = 512, d1: int = 16384, k
         t0 = time.perf_counter()
         codes = tevi.encode_gallery(gallery)  # once per gallery
         t_codes = time.perf_counter() - t0
-        reranker = tevi.gallery_reranker(codes)
+        reranker = tevi.store_reranker(codes, alpha=0.0)
         # One query's ops are small: a single thread avoids thread-pool synchronisation, which
         # dominates them on a shared 2-core machine (measured: 184 ms p50 with 2 threads under
         # load, 30 ms with 1).

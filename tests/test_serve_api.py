@@ -316,7 +316,7 @@ def test_tevi_rerank_marks_what_moved(client, state):
     r = r.json()
     q = coll.encoder.embed_texts(["a small blue square"])
     base = coll.store.search(q, k=20)
-    rescored = coll.tevi.gallery_reranker()(q, base.ids, coll.store)[0]  # without the precomputed codes
+    rescored = coll.tevi.store_reranker()(q, base.ids, coll.store)[0]  # without the precomputed codes
     order = np.argsort(-rescored, kind="stable")[:10]
     assert r["mode"] == "tevi" and [h["id"] for h in r["hits"]] == base.ids[0][order].tolist()
     np.testing.assert_allclose([h["score"] for h in r["hits"]], rescored[order], rtol=1e-4, atol=1e-6)

@@ -124,12 +124,12 @@ def test_scores_and_rerank_match_naive(world):
         assert sorted(order.tolist()) == sorted(cand.tolist())
         assert np.all(np.diff(exact[order]) <= 1e-5)
 
-    rr = tevi.rerank(base, x, t, k=10, full_order=True)
+    rr = tevi.rerank(base, x, t, k=10, full_order=True, alpha=0.0)  # TEVI alone
     for q in range(30):
         cand = np.argsort(-base[:, q], kind="stable")[:10]
         same_ranking(rr.order[:10, q], cand, want[:, q].numpy())
         assert rr.order[10:, q].tolist() == np.argsort(-base[:, q], kind="stable")[10:].tolist()
-    rr = tevi.rerank(base, x, t, k=10, direction="i2t")  # per image, its top-10 texts re-scored
+    rr = tevi.rerank(base, x, t, k=10, direction="i2t", alpha=0.0)  # per image, its top-10 texts re-scored
     for p in range(40):
         cand = np.argsort(-base[p], kind="stable")[:10]
         same_ranking(rr.order[:, p], cand, want[p].numpy())
@@ -201,7 +201,7 @@ def test_concept_auc_matrix_matches_sklearn():
     assert top_activating(z, 4).shape == (3, 4) and top_activating(z, 1)[0, 0] == z[:, 0].argmax()
 
 
-def test_gallery_reranker_rescores_candidates_exactly(world, tmp_path):
+def test_store_reranker_rescores_candidates_exactly(world, tmp_path):
     from vlctl.embeddings.store import create_gallery
 
     sae, img, txt, *_ = world
@@ -209,8 +209,9 @@ def test_gallery_reranker_rescores_candidates_exactly(world, tmp_path):
     gallery = create_gallery(tmp_path / "g", "enc-a", D)
     gallery = gallery.add(img[:300].numpy())  # add returns the re-opened gallery
     queries = F.normalize(txt[:4], dim=1).numpy()
-    res = gallery.search(queries, k=5, reranker=tevi.gallery_reranker(), candidates=50)
-    cached = gallery.search(queries, k=5, reranker=tevi.gallery_reranker(tevi.encode_gallery(gallery)), candidates=50)
+    res = gallery.search(queries, k=5, reranker=tevi.store_reranker(alpha=0.0), candidates=50)
+    codes = tevi.encode_gallery(gallery)
+    cached = gallery.search(queries, k=5, reranker=tevi.store_reranker(codes, alpha=0.0), candidates=50)
     assert np.array_equal(cached.ids, res.ids) and np.allclose(cached.scores, res.scores, atol=1e-6)
     base = gallery.search(queries, k=50)
     exact = tevi.scores(F.normalize(img[:300], dim=1), txt[:4]).numpy()  # (300, 4); galleries store unit vectors
@@ -224,7 +225,7 @@ def test_gallery_reranker_rescores_candidates_exactly(world, tmp_path):
     other = create_gallery(tmp_path / "o", "enc-b", D)
     other = other.add(img[:10].numpy())
     with pytest.raises(VlctlError, match="not 'enc-a'"):
-        other.search(queries, k=2, reranker=tevi.gallery_reranker())
+        other.search(queries, k=2, reranker=tevi.store_reranker())
 
 
 def test_group_mask_shares_one_value_per_group():

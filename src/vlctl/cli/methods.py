@@ -5,6 +5,7 @@ paired row by row where the source had captions)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +82,16 @@ def fit_tevi(args: argparse.Namespace) -> dict:
     tevi = TEVI(config_from_args(TEVI.Config, args), progress=True)
     tevi.fit(image_emb, text_emb, sae=sae, encoder_id=cache.encoder_id)
     tevi.save(args.out)
-    return {"out": str(args.out)}
+    return {"out": str(args.out), **tevi.fusion()}
+
+
+def alpha_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """--alpha of the commands that rerank with TEVI (`vlctl.methods.tevi.fusion`)."""
+    from vlctl.config import flag_type
+
+    p.add_argument("--alpha", type=flag_type(float, {"ge": 0, "le": 1}, "alpha"), default=None,
+                   help=f"with {what}: the fused score alpha*CLIP + (1-alpha)*TEVI at this alpha (1: CLIP's ranking, "
+                   "0: TEVI alone) instead of the one the model chose on its held-out pairs")
 
 
 def score_tevi(args: argparse.Namespace) -> dict:
@@ -94,9 +104,12 @@ def score_tevi(args: argparse.Namespace) -> dict:
     img, txt = _finite(args.store, store.image_emb), _finite(args.store, store.text_emb, "text embeddings")
     image_of_text = store.image_of_text()
     base = img @ txt.T
+    if args.alpha is not None and not args.rerank:
+        raise VlctlError("--alpha goes with --rerank K (the fused rerank); without it every pair gets TEVI's score")
     if args.rerank:  # >= 1: the flag's type refuses the rest
         k = min(args.rerank, len(img))
-        order = tevi.rerank(base, img, txt, k=k).order.numpy()  # (k, n_texts): each caption's top k, reranked
+        # (k, n_texts): each caption's top k by CLIP, reordered by the fused score
+        order = tevi.rerank(base, img, txt, k=k, alpha=args.alpha).order.numpy()
         # Scores whose per-text ranking is the reranked one: the top k get k, k-1, ..., 1; the rest
         # keep CLIP's order below them.
         scores = base - base.max() - 1.0
@@ -108,6 +121,11 @@ def score_tevi(args: argparse.Namespace) -> dict:
     result["recall_clip"] = recall_at_k(base, image_of_text)
     result["recall_tevi" + ("_rerank" if args.rerank else "")] = {
         k: v for k, v in recall_at_k(scores, image_of_text).items() if k.startswith("t2i") or not args.rerank}
+    if args.rerank:
+        result.update(tevi.fusion(args.alpha))
+        if not args.json:  # the one line of held-out figures; --json has them as fields
+            print(f"[vlctl] {result.pop('note')}", file=sys.stderr)
+            result.pop("heldout")
     return result
 
 
@@ -148,8 +166,10 @@ def score_tevi_args(p: argparse.ArgumentParser) -> None:
                    help="output .npz: scores (n_images, n_texts) and base_scores (CLIP)")
     rerank = int_arg(0, MAX_K)
     rerank.vlctl_phrase = f"must be >= 1 (candidates per caption; 0 = score every pair) and <= {MAX_K}"
-    p.add_argument("--rerank", type=rerank, default=0, help="rerank CLIP's top K per caption instead of scoring all "
-                   f"pairs (scores then rank-encode the reranked order; 1..{MAX_K}, 0 = off)")
+    p.add_argument("--rerank", type=rerank, default=0, help="rerank CLIP's top K per caption by the fused score "
+                   "alpha*CLIP + (1-alpha)*TEVI instead of scoring all pairs by TEVI (scores then rank-encode the "
+                   f"reranked order; 1..{MAX_K}, 0 = off)")
+    alpha_arg(p, "--rerank")
 
 
 _NOT_LABELS = ("path", "relpath", "captions", "row", "key", "shard", "split")  # row fields that are no attribute

@@ -100,11 +100,11 @@ def _load_query_embedding(path: str):
     return q
 
 
-def _tevi_reranker(path: str, store):
+def _tevi_reranker(path: str, store, alpha: float | None = None):
     """The TEVI directory of `--rerank tevi:DIR` -> a Reranker (refused unless fitted on the store's encoder)."""
     from vlctl.methods.tevi.estimator import TEVI
 
-    return TEVI.load(path, encoder_id=store.encoder_id).store_reranker()
+    return TEVI.load(path, encoder_id=store.encoder_id).store_reranker(alpha=alpha)
 
 
 def search(args: argparse.Namespace) -> dict:
@@ -115,6 +115,8 @@ def search(args: argparse.Namespace) -> dict:
     from vlctl.encoders.factory import create
     from vlctl.images import read_image
 
+    if args.alpha is not None and not args.rerank:
+        raise VlctlError("--alpha goes with --rerank tevi:DIR (the fused rerank)")
     store = open_store(args.store)
     if args.embedding is not None:  # a raw query vector: no encoder needed
         result = store.search(_load_query_embedding(args.embedding), k=args.k)
@@ -128,9 +130,12 @@ def search(args: argparse.Namespace) -> dict:
         if args.text is not None:
             kw = {}
             if args.rerank:
-                kw = {"reranker": _tevi_reranker(args.rerank, store), "candidates": args.rerank_candidates}
+                kw = {"reranker": _tevi_reranker(args.rerank, store, args.alpha), "candidates": args.rerank_candidates}
             result = store.search_texts(encoder, [args.text], k=args.k, **kw)
-            query = {"text": args.text, **({"rerank": f"tevi:{args.rerank}"} if args.rerank else {})}
+            query = {"text": args.text, **({"rerank": f"tevi:{args.rerank}", **kw["reranker"].fusion}
+                                           if args.rerank else {})}
+            if args.rerank and not args.json:  # the one line of held-out figures; --json has them as fields
+                print(f"[vlctl] {query['note']}", file=sys.stderr)
         else:
             image = read_image(args.image)
             pre = getattr(encoder, "preprocess_pil", None)
@@ -212,6 +217,7 @@ def index_args(p: argparse.ArgumentParser) -> None:
 
 def search_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import MAX_K, device_arg, in_path, int_arg, text_arg
+    from vlctl.cli.methods import alpha_arg
 
     spec_help = _spec_help()
     p.add_argument("store", type=in_path("store directory", "dir"), help="store directory (made by `vlctl index`)")
@@ -226,6 +232,7 @@ def search_args(p: argparse.ArgumentParser) -> None:
                    help="ControlEmbed model directory (vlctl fit controlembed)")
     p.add_argument("--rerank", default=None, type=_rerank_spec, help="with --text: re-score the top candidates "
                    "with tevi:DIR (a TEVI fitted on the store's encoder)")
+    alpha_arg(p, "--rerank")
     p.add_argument("--rerank-candidates", type=int_arg(1, MAX_K), default=100,
                    help=f"candidates the reranker sees (default: 100; at most {MAX_K})")
     p.add_argument("-k", type=int_arg(1, MAX_K), default=10, help=f"number of results (default: 10; at most {MAX_K})")

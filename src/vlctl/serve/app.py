@@ -294,7 +294,8 @@ def create_app(state: ServeState, config: ServeConfig | None = None, heavy: Heav
             name=c.name, size=len(c), encoder_id=c.store.encoder_id, description=c.description,
             thumbnails=c.pixels is not None, text_queries=c.encoder is not None, attributes=c.attributes,
             subclasses={a: c.subclasses(a) for a in c.attributes},
-            free_text_attributes=c.free_text_attributes, tevi=c.tevi is not None) for c in state.collections.values()]
+            free_text_attributes=c.free_text_attributes, tevi=c.tevi is not None,
+            tevi_note=c.tevi.fusion_note() if c.tevi is not None else "") for c in state.collections.values()]
         ex = None
         if state.explain is not None:
             es = state.explain

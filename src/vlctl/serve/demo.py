@@ -99,9 +99,9 @@ def mad_collection(stages: Path) -> Collection:
     train = find_stage(stages, "train", keys["train"], exact=True)
     store = _store_of(find_stage(stages, "embed", keys["train"]), mad_dataset_id(data))
     tevi = None
-    for variant in ("learned", "cg"):
+    for stage in ("tevi-learned-fused", "tevi-learned", "tevi-cg"):  # the fused one knows its held-out figures
         try:
-            tevi = TEVI.load(find_stage(stages, f"tevi-{variant}", keys["train"]) / "tevi", encoder_id=store.encoder_id)
+            tevi = TEVI.load(find_stage(stages, stage, keys["train"]) / "tevi", encoder_id=store.encoder_id)
             break
         except VlctlError:
             continue

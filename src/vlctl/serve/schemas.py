@@ -203,6 +203,7 @@ class CollectionInfo(BaseModel):
     subclasses: dict[str, list[str]]
     free_text_attributes: bool
     tevi: bool
+    tevi_note: str = Field("", description="TEVI's held-out figures and fusion weight, the line its rerank shows")
 
 
 class ExplainInfo(BaseModel):

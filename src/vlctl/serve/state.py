@@ -219,7 +219,7 @@ class Collection:
             raise VlctlError(f"collection {self.name!r}: no TEVI model is loaded")
         with self.lock:
             if self._tevi_reranker is None:
-                self._tevi_reranker = self.tevi.gallery_reranker(self.tevi.encode_gallery(self.store))
+                self._tevi_reranker = self.tevi.store_reranker(self.tevi.encode_gallery(self.store))
         return self._tevi_reranker
 
     def affine(self, attribute: str):

@@ -50,7 +50,7 @@ def steer(coll: Collection, req: Any) -> dict:
                  "before_rank": int(j) + 1, "before_score": float(before[0, j]), "moved": bool(j != r)}
                 for r, j in enumerate(order) if ids[0, j] >= 0]
         return {"collection": coll.name, "query": {"text": req.text, "candidates": int(ids.shape[1])}, "mode": "tevi",
-                "note": f"the top {ids.shape[1]} by cosine, re-scored by TEVI's caption-conditioned score",
+                "note": f"the top {ids.shape[1]} by cosine, re-scored by the fused score: {rerank.fusion['note']}",
                 "hits": hits}
     q, query = query_vector(coll, req.text, req.image_id)
     from vlctl.methods.controlembed.estimator import normalize_rows

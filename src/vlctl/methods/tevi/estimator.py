@@ -31,10 +31,12 @@ from vlctl.config import config_to_dict, opt
 from vlctl.fsops import VlctlError
 from vlctl.io import atomic_save_safetensors, hash_state_dict, read_json
 from vlctl.methods.base import Estimator, as_matrix, as_tensor, embedding_set, is_store_like
+from vlctl.methods.tevi.fusion import choose_alpha, fusion_note, heldout_figures, holdout_split
 from vlctl.methods.tevi.scoring import (
     Reranked,
     TopKCodes,
     conditioned_scores,
+    fuse,
     pair_scores,
     rerank_conditioned,
 )
@@ -79,7 +81,14 @@ class TeviConfig:
                                                 "by the group's latents; None: one free value per latent (the "
                                                 "paper's mask)", ge=0, le=2**24)
     warmup_steps: int = opt(0, "linear warmup steps", ge=0, le=10**9)
-    seed: int = opt(0, "seed of the initialisation and the data order", ge=0, le=2**32 - 1)
+    seed: int = opt(0, "seed of the initialisation, the data order and the held-out images", ge=0, le=2**32 - 1)
+    holdout: float = opt(0.1, "share of the images held out of the mask's training, each with all its captions: "
+                         "CLIP, TEVI and the fused rerank are measured on their pairs and the fusion weight alpha is "
+                         "chosen there; 0: none held out, and alpha is 1 (CLIP's ranking) unless given",
+                         ge=0, lt=1, added=True)
+    alpha: float | None = opt(None, "fusion weight of the rerank score alpha*CLIP + (1-alpha)*TEVI (1: CLIP's "
+                              "ranking, 0: TEVI alone); None: chosen on the held-out pairs, from 1 down",
+                              ge=0, le=1, added=True)
     device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available)", check="device")
 
     def __post_init__(self):
@@ -213,7 +222,8 @@ class TEVI(Estimator):
     `sae` is a fitted `SparseAutoencoder` (learned or CG-SAE); it stays frozen. Hyperparameters:
     `TEVI.Config` (= TeviConfig; d and n_latents come from the SAE). Runtime options: progress,
     out_dir. Learned state: `mask_` (TeviMask), `config_`, `sae_`, `encoder_id_`, `text_encoder_`
-    (when fine-tuned).
+    (when fine-tuned), `alpha_` (the rerank's fusion weight, `vlctl.methods.tevi.fusion`) and
+    `heldout_` (R@1 on the held-out pairs; None with holdout 0).
 
     Text-encoder fine-tuning: pass `text_encoder` (a module mapping a batch of `texts` to (n, d)
     embeddings, e.g. a TinyCLIP text tower) and `texts` (its inputs, e.g. token ids) to `fit`;
@@ -274,7 +284,6 @@ class TEVI(Estimator):
             captions = torch.as_tensor(texts)
         if len(captions) != len(x):
             raise VlctlError(f"fit: {len(x)} image embeddings but {len(captions)} captions; pair them row by row")
-        latents = sae.encode(x)  # (n, d1), the frozen SAE's codes, computed once
         if partners is not None:
             partners = np.asarray(partners)
             if partners.shape != (len(x),) or partners.dtype.kind not in "iu" or (partners >= len(x)).any() \
@@ -283,6 +292,15 @@ class TEVI(Estimator):
                                  f"{partners.shape}, dtype {partners.dtype}")
 
         cfg = self._resolve(d=d, n_latents=d1)  # TeviConfig refuses latent_groups of another length
+        train_rows, held_rows = holdout_split(x.numpy(), cfg.holdout, cfg.seed)
+        held_x, held_captions = x[held_rows], captions[held_rows]
+        if len(held_rows):  # the mask never sees a held-out pair, nor a partner that is one
+            x, captions = x[train_rows], captions[train_rows]
+            if partners is not None:
+                new_row = np.full(len(partners) + 1, -1, dtype=np.int64)  # last entry: partner -1 stays -1
+                new_row[train_rows] = np.arange(len(train_rows))
+                partners = new_row[partners[train_rows]]
+        latents = sae.encode(x)  # (n, d1), the frozen SAE's codes, computed once
         torch.manual_seed(cfg.seed)
         mask = TeviMask(cfg)
         net = _TeviTrainer(mask, sae_model.W_D, sae_model.b_pre, text_encoder)
@@ -325,7 +343,34 @@ class TEVI(Estimator):
         self.text_encoder_ = None if text_encoder is None else text_encoder.cpu().eval()
         self.sae_ = sae
         self.encoder_id_ = sae.encoder_id_
+        self.heldout_ = self._measure(held_x, held_captions) if len(held_rows) else None
+        self.alpha_ = cfg.alpha if cfg.alpha is not None else choose_alpha(self.heldout_) if self.heldout_ else 1.0
+        if self.heldout_:
+            self.heldout_["fused"] = self.heldout_["by_alpha"].get(f"{self.alpha_:.1f}")
         return self
+
+    @torch.no_grad()
+    def _measure(self, x: torch.Tensor, captions: torch.Tensor) -> dict:
+        """`heldout_figures` of held-out pairs (x[i], captions[i]), each distinct row of x one image."""
+        images, image_of_text = np.unique(x.numpy(), axis=0, return_inverse=True)
+        t = captions if self.text_encoder_ is None else self.text_encoder_(captions)
+        clip = F.normalize(torch.as_tensor(images), dim=1) @ F.normalize(t, dim=1).T  # cosines, as a store's
+        return heldout_figures(clip, self.scores(images, t), image_of_text.reshape(-1))
+
+    def fusion_note(self, alpha: float | None = None) -> str:
+        """The line a fused score prints (`vlctl.methods.tevi.fusion.fusion_note`): at `alpha`, or
+        at the model's own `alpha_` (chosen on the held-out pairs, or fixed at fit)."""
+        self._check_fitted()
+        how = "given" if alpha is not None else "fixed at fit" if self.config_.alpha is not None else "chosen"
+        return fusion_note(self._alpha(alpha), getattr(self, "heldout_", None), how)
+
+    def fusion(self, alpha: float | None = None) -> dict:
+        """What a fused score reports: {"alpha", "heldout" (`heldout_`), "note" (`fusion_note`)}."""
+        return {"alpha": self._alpha(alpha), "heldout": getattr(self, "heldout_", None), "note": self.fusion_note(alpha)}
+
+    def _alpha(self, alpha: float | None) -> float:
+        """The fusion weight a rerank uses: `alpha`, else the model's."""
+        return self.alpha_ if alpha is None else alpha
 
     # -- inference
 
@@ -362,8 +407,9 @@ class TEVI(Estimator):
 
     @torch.no_grad()
     def rerank(self, base_scores: Any, image_emb: Any, text_emb: Any, k: int = 100, direction: str = "t2i",
-               full_order: bool = False) -> Reranked:
-        """Rank by `base_scores` (P, Q) (e.g. CLIP cosine), re-score the top k with TEVI.
+               full_order: bool = False, alpha: float | None = None) -> Reranked:
+        """Rank by `base_scores` (P, Q) (CLIP cosine), re-score the top k by α · base + (1 − α) · TEVI:
+        `alpha` (0: TEVI alone, 1: the base order kept), default the model's `alpha_`.
 
         direction "t2i": per text (column), its top-k images are re-scored; `order` is (k, Q).
         direction "i2t": per image (row), its top-k texts are re-scored; `order` is (k, P), column
@@ -376,7 +422,7 @@ class TEVI(Estimator):
         z, m = sae.encode(x), mask(t)
         base = torch.as_tensor(np.asarray(base_scores))
         return rerank_conditioned(base, k, z, m, sae.W_D, sae.b_pre, t, support=sae.cfg.k, full_order=full_order,
-                                  direction=direction)
+                                  direction=direction, alpha=self._alpha(alpha))
 
     @torch.no_grad()
     def encode_gallery(self, gallery: Any, batch_size: int = 4096) -> TopKCodes:
@@ -397,16 +443,25 @@ class TEVI(Estimator):
         empty = torch.zeros(0, sae.cfg.k)
         return TopKCodes(torch.cat(idx) if idx else empty.long(), torch.cat(vals) if vals else empty, d1)
 
-    def gallery_reranker(self, codes: TopKCodes | None = None) -> Callable[[np.ndarray, np.ndarray, Any], np.ndarray]:
-        """A `vlctl.embeddings.results.Reranker`: re-scores a gallery search's candidates with exact TEVI
-        scores, the queries being text embeddings. Refuses a gallery of another encoder.
-        `codes`: the gallery's SAE codes from `encode_gallery` (else encoded per query)."""
+    def store_reranker(self, codes: TopKCodes | None = None,
+                       alpha: float | None = None) -> Callable[[np.ndarray, np.ndarray, Any], np.ndarray]:
+        """A `vlctl.embeddings.results.Reranker`: re-scores a store search's candidates by
+        α · cosine + (1 − α) · TEVI (exact TEVI scores), the queries being text embeddings; `alpha`
+        default the model's `alpha_` (1: the cosine, CLIP's ranking). Refuses a store of another
+        encoder. `codes`: the store's SAE codes from `encode_gallery` (else encoded per query).
+        The function's `fusion` is what to show with its results (`fusion`)."""
         mask = self._check_fitted()
         sae = self.sae_.model_
+        a = self._alpha(alpha)
 
         @torch.no_grad()
         def rerank_fn(queries: np.ndarray, candidate_ids: np.ndarray, gallery: Any) -> np.ndarray:
+            from vlctl.embeddings.results import exact_rerank
+
             gallery.check_encoder(self.encoder_id_)
+            clip = exact_rerank(queries, candidate_ids, gallery)
+            if a == 1:
+                return clip
             ids = np.asarray(candidate_ids, dtype=np.int64)  # (q, c); -1 = no candidate
             valid = ids >= 0
             rows = np.unique(ids[valid])
@@ -424,9 +479,10 @@ class TEVI(Estimator):
             s = pair_scores(z, mask(t), sae.W_D, sae.b_pre, t, torch.as_tensor(image_pos), torch.as_tensor(text_pos),
                             support=sae.cfg.k)
             out = np.full(ids.shape, -np.inf, dtype=np.float32)
-            out[valid] = s.numpy()
+            out[valid] = fuse(clip[valid], s.numpy(), a)
             return out
 
+        rerank_fn.fusion = self.fusion(alpha)
         return rerank_fn
 
     # -- files (vlctl.artifacts): config.json, mask.safetensors, sae/ (the frozen SAE) and, if
@@ -441,9 +497,11 @@ class TEVI(Estimator):
             if text_encoder is not None:
                 atomic_save_safetensors(tmp / TEXT_ENCODER_FILE, dict(text_encoder.state_dict()))
 
-        if not hasattr(self, "config_"):  # assembled by hand (mask_ set directly)
+        if not hasattr(self, "config_"):  # assembled by hand (mask_ set directly): nothing held out
             self.config_ = dataclasses.replace(self.config, **{f: getattr(mask.cfg, f) for f in self.DATA_FIELDS})
-        return dict(mask.state_dict()), {"text_encoder_finetuned": text_encoder is not None}, write_extra
+            self.alpha_, self.heldout_ = self.config_.alpha if self.config_.alpha is not None else 1.0, None
+        state = {"text_encoder_finetuned": text_encoder is not None, "alpha": self.alpha_, "heldout": self.heldout_}
+        return dict(mask.state_dict()), state, write_extra
 
     @classmethod
     def load(cls, path: str | Path, encoder_id: str | None = None, text_encoder: nn.Module | None = None) -> TEVI:
@@ -465,6 +523,8 @@ class TEVI(Estimator):
         est = cls(dataclasses.replace(config, d=None, n_latents=None))  # latent_groups stays: not from data
         est.mask_, est.config_, est.sae_, est.encoder_id_ = mask.eval(), config, sae, encoder_id
         est.text_encoder_ = None
+        # A model saved before issue 41 has no held-out figures: CLIP's ranking unless an alpha is given.
+        est.alpha_, est.heldout_ = state.get("alpha", 1.0), state.get("heldout")
         if state.get("text_encoder_finetuned"):
             if text_encoder is None:
                 raise VlctlError(f"{path}: TEVI fine-tuned its text encoder; pass the same architecture as text_encoder")

@@ -543,10 +543,12 @@ def rerank_conditioned(
     support: int | None = None,
     full_order: bool = False,
     direction: str = "t2i",
+    alpha: float = 0.0,
 ) -> Reranked:
     """`rerank` with exact TEVI scores: CLIP's top k candidates of each query re-scored by
-    cos(e_{p|q}, t_q) with `pair_scores` (only those pairs). `base_scores` is (P, Q); other
-    arguments as in `conditioned_scores` (`support` is its `k`).
+    cos(e_{p|q}, t_q) with `pair_scores` (only those pairs), fused with `base_scores` as
+    α · base + (1 − α) · TEVI (`fuse`; α = 0: TEVI alone, α = 1: the base order, no TEVI work).
+    `base_scores` is (P, Q); other arguments as in `conditioned_scores` (`support` is its `k`).
 
     direction "t2i": per text (column), its top-k images are re-scored; `order` is (k, Q).
     direction "i2t": per image (row), its top-k texts are re-scored; `order` is (k, P), column
@@ -558,10 +560,20 @@ def rerank_conditioned(
     if direction not in ("t2i", "i2t"):
         raise VlctlError(f"direction must be 't2i' or 'i2t', got {direction!r}")
 
+    base = base_scores if direction == "t2i" else base_scores.T
+
     def rescore(cand: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        if alpha == 1:
+            return base.gather(0, cand)
         other = query[None, :].expand_as(cand)
         img, txt = (cand, other) if direction == "t2i" else (other, cand)
         s = pair_scores(latents, masks, decoder, b_pre, text_emb, img.reshape(-1), txt.reshape(-1), support)
-        return s.reshape(cand.shape)
+        return fuse(base.gather(0, cand), s.reshape(cand.shape), alpha)
 
-    return rerank(base_scores if direction == "t2i" else base_scores.T, k, rescore, full_order)
+    return rerank(base, k, rescore, full_order)
+
+
+def fuse(base: torch.Tensor, tevi: torch.Tensor, alpha: float) -> torch.Tensor:
+    """α · base + (1 − α) · tevi (`vlctl.methods.tevi.fusion`: both are cosines, one scale); at α = 1
+    `base` itself and at α = 0 `tevi` itself, bit for bit, so CLIP's order (or TEVI's) is kept."""
+    return base if alpha == 1 else tevi if alpha == 0 else alpha * base + (1 - alpha) * tevi

@@ -88,6 +88,9 @@ class TeviMadRecipe:
     headline: str = opt("cg", "the variant whose numbers fill results.conditioning and arrays/conditioning.npz",
                         choices=VARIANTS)
     rerank_k: int = opt(100, "TEVI-rerank: re-score CLIP's top k", ge=1, le=10**6)
+    fusion_holdout: float = opt(0.1, "the fused rerank's learned-SAE mask (stage tevi-learned-fused) holds out this "
+                                "share of the training images; its fusion weight alpha is chosen on their pairs",
+                                ge=0, lt=1, added=True)
     sweep_k: tuple[int, ...] = opt((4, 6, 12), "SAE sweep: values of K", ge=1, le=2**24)
     sweep_expansion: tuple[int, ...] = opt((1, 4), "SAE sweep: expansion factors", ge=1, le=1024)
     sweep_epochs: int = opt(30, "SAE sweep: epochs per fit", ge=1, le=100_000)
@@ -168,7 +171,7 @@ def _fit_sae(cfg: TeviMadRecipe, variant: str, x: np.ndarray, concepts: np.ndarr
 
 
 def _fit_tevi(cfg: TeviMadRecipe, sae_dir: Path, train: dict, work: Path, variant: str = "cg",
-              partners: np.ndarray | None = None, seed: int | None = None) -> None:
+              partners: np.ndarray | None = None, seed: int | None = None, holdout: float = 0.0) -> None:
     from vlctl.methods.sae.model import SparseAutoencoder
     from vlctl.methods.tevi.estimator import TEVI
 
@@ -177,7 +180,7 @@ def _fit_tevi(cfg: TeviMadRecipe, sae_dir: Path, train: dict, work: Path, varian
     tevi = TEVI(hidden=cfg.mask_hidden, conditioning=cfg.conditioning, mask_temperature=cfg.mask_temperature,
                 mask_floor=cfg.mask_floor, lr=cfg.mask_lr, epochs=cfg.mask_epochs, batch_size=cfg.mask_batch_size,
                 mask_mass_coef=cfg.mask_mass_coef, latent_groups=groups, seed=cfg.seed if seed is None else seed,
-                out_dir=work / "run")
+                holdout=holdout, out_dir=work / "run")  # holdout 0: every training pair, as before issue 41
     with torch_threads(cfg.fit_threads):
         tevi.fit(train["image_emb"], train["text_emb"], sae=sae, partners=partners)
     tevi.save(work / "tevi")
@@ -271,19 +274,18 @@ def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, ca
         atomic_save_npz(arrays / f"conditioning_{variant}_seed{seed}.npz", **cond_arrays)
         atomic_save_npz(arrays / f"retrieval_{variant}_seed{seed}.npz", top_order_t2i=top_t2i, top_order_i2t=top_i2t,
                         image_values=img_vals, caption_values=cap_vals)
-        rec = {**{f"i2t{k}": v for k, v in recall_from_order(top_i2t, relevant.T).items()},
-               **{f"t2i{k}": v for k, v in recall_from_order(top_t2i, relevant).items()}}
+        rec = _order_recall(top_t2i, top_i2t, relevant)
         return {"seed": seed, "conditioning": conditioning, "summary": summary, "leakage": leakage,
                 "alignment": {"before": float(cos_before.mean()), "after": float(cos_after.mean())},
                 "retrieval": {"tevi": rec}}
     t0 = time.perf_counter()
-    rr_t2i = tevi.rerank(base, img, txt, k=cfg.rerank_k, direction="t2i").order.numpy()  # (P, Q)
-    rr_i2t = tevi.rerank(base, img, txt, k=cfg.rerank_k, direction="i2t").order.numpy()  # (Q, P)
+    # TEVI alone (alpha 0): the unfused rerank
+    rr_t2i = tevi.rerank(base, img, txt, k=cfg.rerank_k, direction="t2i", alpha=0.0).order.numpy()  # (P, Q)
+    rr_i2t = tevi.rerank(base, img, txt, k=cfg.rerank_k, direction="i2t", alpha=0.0).order.numpy()  # (Q, P)
     rerank_s = time.perf_counter() - t0
     rec_base = metrics.recall_at_k_relevant(base, relevant)
     rec_exact = metrics.recall_at_k_relevant(exact, relevant)
-    rec_rerank = {**{f"i2t{k}": v for k, v in recall_from_order(rr_i2t, relevant.T).items()},
-                  **{f"t2i{k}": v for k, v in recall_from_order(rr_t2i, relevant).items()}}
+    rec_rerank = _order_recall(rr_t2i, rr_i2t, relevant)
 
     atomic_save_npz(arrays / f"conditioning_{variant}.npz", **cond_arrays)
     if variant == cfg.headline:
@@ -298,6 +300,33 @@ def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, ca
         "seconds": {"tevi_scores_exhaustive": exact_s, "tevi_rerank": rerank_s},
         "_cos": (cos_before, cos_after),
     }
+
+
+def _order_recall(order_t2i: np.ndarray, order_i2t: np.ndarray, relevant: np.ndarray) -> dict:
+    """R@1/5/10 both ways of rankings given as orders (t2i: (m, N_texts), i2t: (m, N_images))."""
+    return {**{f"i2t{k}": v for k, v in recall_from_order(order_i2t, relevant.T).items()},
+            **{f"t2i{k}": v for k, v in recall_from_order(order_t2i, relevant).items()}}
+
+
+def _evaluate_fused(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, cap_vals, out: Path) -> dict:
+    """The fused rerank (issue 41) of the mask fitted with held-out images: on the test set, CLIP,
+    TEVI alone (exhaustive), TEVI-rerank (alpha 0) and the fused rerank at the model's alpha, from
+    the arrays it saves (arrays/retrieval_fused.npz); beside them the model's held-out figures."""
+    from vlctl.methods.tevi.estimator import TEVI
+
+    tevi = TEVI.load(tevi_dir)
+    img, txt = test_emb["image_emb"], test_emb["text_emb"]
+    base = img @ txt.T
+    relevant = caption_relevance(img_vals, cap_vals)
+    orders = {f"{name}_order_{d}": tevi.rerank(base, img, txt, k=cfg.rerank_k, direction=d, alpha=a).order.numpy()
+              for name, a in (("rerank", 0.0), ("fused", None)) for d in ("t2i", "i2t")}
+    exact = tevi.scores(img, txt).numpy()
+    atomic_save_npz(out / "arrays" / "retrieval_fused.npz", base_scores=base, tevi_scores=exact, **orders,
+                    image_values=img_vals, caption_values=cap_vals, alpha=np.float64(tevi.alpha_))
+    test = {"base": metrics.recall_at_k_relevant(base, relevant), "tevi": metrics.recall_at_k_relevant(exact, relevant),
+            **{name: _order_recall(orders[f"{o}_order_t2i"], orders[f"{o}_order_i2t"], relevant)
+               for name, o in (("tevi_rerank", "rerank"), ("fused", "fused"))}}
+    return {**tevi.fusion(), "test": test}
 
 
 def _top_order(scores: np.ndarray, k: int) -> np.ndarray:
@@ -405,6 +434,12 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: TeviMadRecipe 
             tevi_dirs[v, s] = runner.stage(
                 f"tevi-{v}{tag}", {"sae": keys[v], **mask_key, "seed": s, **groups},
                 lambda w, v=v, s=s: _fit_tevi(cfg, sae_dirs[v, s] / "sae", train, w, v, partners, s))
+    # Issue 41: the learned-SAE mask again, `fusion_holdout` of the training images held out and
+    # its fusion weight chosen on their pairs (the stages above keep every pair: their numbers stand).
+    fused_dir = runner.stage(
+        "tevi-learned-fused", {"sae": sae_key, **mask_key, "holdout": cfg.fusion_holdout},
+        lambda w: _fit_tevi(cfg, sae_dirs["learned", cfg.seed] / "sae", train, w, "learned", partners,
+                            holdout=cfg.fusion_holdout))
     sweep_key = {"clip": train_key, "k": list(cfg.sweep_k), "expansion": list(cfg.sweep_expansion),
                  "epochs": cfg.sweep_epochs, "aux_k": cfg.sae_aux_k, "lr": cfg.sae_lr, "seed": cfg.seed,
                  "purity": f"train[:{N_PURITY}]",
@@ -421,6 +456,7 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: TeviMadRecipe 
                                                       v, seed=s) for s in seeds[1:]]
                 for v in VARIANTS}
     seeds_summary = {v: {"seeds": seeds, **_mean_std(per_seed[v])} for v in VARIANTS}
+    fused = _evaluate_fused(cfg, fused_dir / "tevi", test_emb, img_vals, cap_vals, out)
     sae_dirs = {v: sae_dirs[v, cfg.seed] for v in VARIANTS}
     cg, auc, cg_latents = _cg_probe(sae_dirs["cg"] / "sae", test_emb, img_vals, out)
     from vlctl.methods.sae.model import SparseAutoencoder
@@ -455,6 +491,7 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: TeviMadRecipe 
         "alignment": head["alignment"],
         "retrieval": head["retrieval"],
         "variants": variants,
+        "fused": fused,
         "seeds": seeds_summary,
         "cg_sae": cg,
         "sae": sae_stats,

@@ -101,6 +101,12 @@ Every number in report.md / results.json is recomputed from these files with `vl
   N_images), each query's 10 best by the exhaustive TEVI score: R@1/5/10 =
   `metrics.recall_from_order(top_order_t2i, relevant)` / `(top_order_i2t, relevant.T)`.
   `results.seeds[variant]` = mean and std over the seeds of these figures.
+- `retrieval_fused.npz` (issue 41; the learned-SAE mask of stage tevi-learned-fused, fitted with
+  `fusion_holdout` of the training images held out): `base_scores`, `tevi_scores`, `image_values`,
+  `caption_values` as above; `rerank_order_t2i` / `rerank_order_i2t` the TEVI-rerank (alpha 0),
+  `fused_order_t2i` / `fused_order_i2t` the rerank of CLIP's top `rerank_k` by alpha * base +
+  (1 - alpha) * TEVI at the model's `alpha`; recall as for TEVI-rerank. The held-out figures
+  (`results.fused.heldout`) are the model's own (its config.json), measured at fit.
 - `cg_sae.npz`: `latents` (N, 26) CG-SAE codes, `concept_present` (N, 26), `auc` (26, 26) =
   `editing.concept_auc_matrix(latents, concept_present)` (percent), `reconstructed_emb`,
   `ablated_emb` (thickthinning latents zeroed), and `text_c`, `label_c` for zero-shot accuracy.
@@ -178,6 +184,16 @@ def _report(cfg, r: dict, quick: bool) -> Report:
                  f"{res['seconds']['tevi_scores_exhaustive']:.2f} s, rerank {res['seconds']['tevi_rerank']:.2f} s.")
         rep.table(["recall", "CLIP", "TEVI", "TEVI-rerank"], rows)
     rep.figure("figures/positive_cosine.png", "Positive-pair cosine before and after TEVI editing")
+    if "fused" in r:
+        f = r["fused"]
+        rep.heading("Fused rerank, learned SAE (issue 41)")
+        rep.text(f"The learned-SAE mask fitted again with {100 * cfg.fusion_holdout:g}% of the training images held "
+                 f"out; the rerank of CLIP's top {cfg.rerank_k} by alpha * CLIP + (1 - alpha) * TEVI, alpha = "
+                 f"{f['alpha']:g} chosen on the held-out pairs (each caption relevant to its own image only): "
+                 f"{f['note']}. On the test set (relevance as above):")
+        t = f["test"]
+        rep.table(["recall", "CLIP", "TEVI", "TEVI-rerank", "fused rerank"],
+                  [[k, t["base"][k], t["tevi"][k], t["tevi_rerank"][k], t["fused"][k]] for k in t["base"]])
     cg = r["cg_sae"]
     rep.heading("CG-SAE probe (R1, R2)")
     rep.text(f"R1: ROC-AUC of each latent's activation for 'the image has concept c'. Mean own-concept AUC "

@@ -142,7 +142,8 @@ function steerSetup() {
   $("steer-attribute-b").disabled = !c.attributes.length;
   $("steer-note").textContent = (c.attributes.length ? `attributes: ${c.attributes.join(", ")}` +
     (c.free_text_attributes ? " (or type any attribute: MiniLM embeds it)" : "") : "") +
-    (c.tevi ? (c.attributes.length ? " \u00b7 " : "") + "TEVI: a text query, its top 100 re-scored by the caption" : "");
+    (c.tevi ? (c.attributes.length ? " \u00b7 " : "") + "TEVI: a text query, its top 100 re-scored by the caption. " +
+      c.tevi_note : "");
   picks(c.name, $("steer-picks"), (id) => { $("steer-image-id").value = id; $("steer-text").value = ""; steer(); });
 }
 
@@ -172,7 +173,7 @@ async function steer() {
       $("steer-image-id").value = id; $("steer-text").value = ""; $("steer-tevi").checked = false; steer();
     }, extra);
     const moved = r.hits.filter((h) => h.moved).length;
-    status(r.mode === "tevi" ? `TEVI: ${moved} of ${r.hits.length} results moved` : `${r.mode}: ${r.hits.length} results` +
+    status((r.mode === "tevi" ? `TEVI: ${moved} of ${r.hits.length} results moved` : `${r.mode}: ${r.hits.length} results`) +
       (r.note ? ` \u00b7 ${r.note}` : ""));
   } catch (e) { status(e.message, true); }
 }
