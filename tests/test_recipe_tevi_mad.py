@@ -70,6 +70,23 @@ def test_results_recompute_from_arrays(tiny_run):
         assert (out / "figures" / f).stat().st_size > 1000
 
 
+def test_fused_rerank_recomputes_from_arrays(tiny_run):
+    out = tiny_run / "tevi-mad"
+    f = json.loads((out / "results.json").read_text())["fused"]
+    a = np.load(out / "arrays" / "retrieval_fused.npz")
+    rel = metrics.caption_relevance(a["image_values"], a["caption_values"])
+    assert float(a["alpha"]) == f["alpha"] and f["heldout"]["n_images"] > 0 and f["note"]
+    assert metrics.recall_at_k_relevant(a["base_scores"], rel) == f["test"]["base"]
+    assert metrics.recall_at_k_relevant(a["tevi_scores"], rel) == f["test"]["tevi"]
+    for name, o in (("tevi_rerank", "rerank"), ("fused", "fused")):
+        got = {**{f"i2t{k}": v for k, v in metrics.recall_from_order(a[f"{o}_order_i2t"], rel.T).items()},
+               **{f"t2i{k}": v for k, v in metrics.recall_from_order(a[f"{o}_order_t2i"], rel).items()}}
+        assert got == f["test"][name]
+    if f["alpha"] == 1:  # CLIP's ranking: the fused orders are CLIP's top k
+        assert np.array_equal(a["fused_order_t2i"], np.argsort(-a["base_scores"], 0, kind="stable")[:len(a["fused_order_t2i"])])
+    assert "Fused rerank, learned SAE" in (out / "report.md").read_text()
+
+
 def test_leakage_and_seeds_recompute_for_every_variant(tiny_run):
     out = tiny_run / "tevi-mad"
     r = json.loads((out / "results.json").read_text())

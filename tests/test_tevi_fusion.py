@@ -55,7 +55,7 @@ def test_holdout_split_is_by_image_and_seeded():
 
 
 def test_fit_never_sees_the_held_out_pairs(sae, tmp_path, monkeypatch):
-    import vlctl.train.loop as loop
+    from vlctl.train import loop
 
     seen = {}
     real = loop.train
