@@ -15,7 +15,7 @@ from vlctl.eval.metrics import recall_at_k
 from vlctl.fsops import VlctlError
 from vlctl.methods.sae.model import SparseAutoencoder
 from vlctl.methods.tevi.estimator import TEVI, _data_hash
-from vlctl.methods.tevi.fusion import ALPHAS, choose_alpha, fusion_note, heldout_figures, holdout_split
+from vlctl.methods.tevi.fusion import ALPHAS, choose_alpha, fusion_note, heldout_figures, holdout_split, relevance
 
 D, S = 16, 10
 
@@ -94,6 +94,17 @@ def test_heldout_figures_and_alpha_by_hand():
     assert choose_alpha(lost) == 1.0
     assert fusion_note(1.0, lost, "chosen").endswith("TEVI did not beat CLIP at any α < 1: this is CLIP's ranking")
     assert "this is CLIP's ranking" in fusion_note(1.0, None, "chosen")
+
+
+def test_relevance_counts_every_image_of_the_same_caption_text():
+    # images 0, 1, 2; texts 0 and 1 are one caption text written for images 0 and 1, text 2 image 2's
+    rel = relevance(np.array([0, 1, 2]), np.array([0, 0, 1]))
+    assert rel.tolist() == [[True, True, False], [True, True, False], [False, False, True]]
+    assert relevance(np.array([0, 0, 1])).tolist() == [[True, True, False], [False, False, True]]
+    # CLIP ranks image 1 first for text 0: right, since image 1 has that caption text too
+    clip = torch.tensor([[0.5, 0.4, 0.1], [0.6, 0.5, 0.2], [0.1, 0.2, 0.9]])
+    assert heldout_figures(clip, clip, np.arange(3), np.array([0, 0, 1]), k=3)["clip"]["t2i@1"] == 100.0
+    assert heldout_figures(clip, clip, np.arange(3), k=3)["clip"]["t2i@1"] == pytest.approx(200 / 3)
 
 
 def _losing_tevi(sae, img, txt) -> TEVI:

@@ -351,11 +351,13 @@ class TEVI(Estimator):
 
     @torch.no_grad()
     def _measure(self, x: torch.Tensor, captions: torch.Tensor) -> dict:
-        """`heldout_figures` of held-out pairs (x[i], captions[i]), each distinct row of x one image."""
+        """`heldout_figures` of held-out pairs (x[i], captions[i]), each distinct row of x one image
+        and each distinct caption embedding one caption text."""
         images, image_of_text = np.unique(x.numpy(), axis=0, return_inverse=True)
+        _, text_group = np.unique(captions.numpy(), axis=0, return_inverse=True)
         t = captions if self.text_encoder_ is None else self.text_encoder_(captions)
         clip = F.normalize(torch.as_tensor(images), dim=1) @ F.normalize(t, dim=1).T  # cosines, as a store's
-        return heldout_figures(clip, self.scores(images, t), image_of_text.reshape(-1))
+        return heldout_figures(clip, self.scores(images, t), image_of_text.reshape(-1), text_group.reshape(-1))
 
     def fusion_note(self, alpha: float | None = None) -> str:
         """The line a fused score prints (`vlctl.methods.tevi.fusion.fusion_note`): at `alpha`, or

@@ -50,13 +50,26 @@ def fused_order(clip: torch.Tensor, tevi: torch.Tensor, k: int, alpha: float) ->
     return rerank(clip, k, lambda cand, _: fuse(clip.gather(0, cand), tevi.gather(0, cand), alpha)).order
 
 
+def relevance(image_of_text: np.ndarray, text_group: np.ndarray | None = None) -> torch.Tensor:
+    """(P, Q) bool: text q is relevant to image p when p has a caption of the same text as q
+    (`text_group` (Q,): equal ids for equal caption texts; None: every text its own). With unique
+    captions that is q's own image alone; where captions repeat (MAD's "3 - red - large" describes
+    many images) every image the same caption was written for counts, as its own does, instead of
+    R@1 being a draw among images with identical captions."""
+    image_of_text = np.asarray(image_of_text).reshape(-1)
+    group = np.arange(len(image_of_text)) if text_group is None else np.asarray(text_group).reshape(-1)
+    has = torch.zeros(int(image_of_text.max()) + 1, int(group.max()) + 1, dtype=torch.bool)
+    has[torch.as_tensor(image_of_text), torch.as_tensor(group)] = True
+    return has[:, torch.as_tensor(group)]
+
+
 def heldout_figures(clip: torch.Tensor, tevi: torch.Tensor, image_of_text: np.ndarray,
-                    k: int = HELDOUT_RERANK_K) -> dict:
+                    text_group: np.ndarray | None = None, k: int = HELDOUT_RERANK_K) -> dict:
     """R@1 both ways (percent) on held-out pairs: CLIP (`clip` (P, Q) cosines), TEVI alone
     (`tevi` (P, Q), exhaustive), and the rerank of CLIP's top k by the fused score at every α of
-    ALPHAS ("by_alpha", keyed "1.0" .. "0.0"; "0.0" is the TEVI-rerank). A text is relevant to its
-    own image only (`image_of_text` (Q,))."""
-    relevant = torch.as_tensor(np.asarray(image_of_text))[None, :] == torch.arange(clip.shape[0])[:, None]
+    ALPHAS ("by_alpha", keyed "1.0" .. "0.0"; "0.0" is the TEVI-rerank). Relevance: `relevance`
+    (`image_of_text` (Q,), `text_group` (Q,) equal for equal caption texts)."""
+    relevant = relevance(image_of_text, text_group)
 
     def r1(t2i: torch.Tensor, i2t: torch.Tensor) -> dict:
         """R@1 of orders whose first row is each query's top hit (t2i: per text, i2t: per image).
