@@ -7,7 +7,6 @@ on. (The shares over the whole COCO test split are measured by experiments/trees
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +17,7 @@ from vlctl.methods.anchor import anchor_text
 from vlctl.methods.negatives import article_for, inflect_like, normalize_caption, zipf
 from vlctl.methods.trees import TREE_POS, TreeGenerator, caption_tree
 
-pytestmark = pytest.mark.skipif(not Path(wnmod.DEBIAN_DIR, "data.noun").is_file(),
-                                reason="WordNet database not installed (Debian package wordnet-base)")
+pytestmark = pytest.mark.needs_wordnet
 
 
 @pytest.fixture(scope="module")
