@@ -1,4 +1,4 @@
-# Two commands on a fresh machine: `make demo` and `make test` (both create .venv if missing).
+# Two commands on a fresh machine: `make demo` and `make test` (both run `make install` first: .venv, and WordNet / Chromium from apt).
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -7,7 +7,10 @@ OUT     ?= runs/demo
 
 .PHONY: install demo reproduce test test-all bench bench-peers lint clean
 
-$(STAMP): pyproject.toml
+# scripts/system-deps.sh: what pip cannot install (WordNet 3.0, Chromium) through apt when it may
+# (root or passwordless sudo), else one line per missing part; it never fails the make.
+$(STAMP): pyproject.toml scripts/system-deps.sh
+	@sh scripts/system-deps.sh
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)

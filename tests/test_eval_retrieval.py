@@ -181,7 +181,7 @@ def test_cli_missing_images_are_named(karpathy, tmp_path, capsys):
     assert rc == 2 and "1 of 1 benchmark images could not be read" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not ROCOCO.is_file(), reason="../shared/data not present")
+@pytest.mark.skipif(not ROCOCO.is_file(), reason="needs the real caption files in ../shared/data, a folder beside the clone (not in the repository)")
 def test_cli_rococo_on_real_captions(tmp_path, capsys):
     """RoCOCO mode on the first 6 items of the real same-concept file, with tiny images in their place."""
     items = json.loads(ROCOCO.read_text())[:6]

@@ -17,7 +17,7 @@ from vlctl.fsops import VlctlError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 COCO_TEST = SHARED / "coco_karpathy_test.json"
-needs_shared = pytest.mark.skipif(not COCO_TEST.is_file(), reason="../shared/data not present")
+needs_shared = pytest.mark.skipif(not COCO_TEST.is_file(), reason="needs the real caption files in ../shared/data, a folder beside the clone (not in the repository)")
 
 
 def _png(path: Path, value: int = 0) -> None:

@@ -7,7 +7,6 @@ on. (The shares over the whole COCO test split are measured by experiments/trees
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -20,8 +19,7 @@ from vlctl.captions.text import normalize_caption
 from vlctl.captions.trees import TREE_POS, TreeGenerator, caption_tree
 from vlctl.fsops import VlctlError
 
-pytestmark = pytest.mark.skipif(not Path(wnmod.DEBIAN_DIR, "data.noun").is_file(),
-                                reason="WordNet database not installed (Debian package wordnet-base)")
+pytestmark = pytest.mark.needs_wordnet
 
 
 @pytest.fixture(scope="module")

@@ -21,16 +21,12 @@ from PIL import Image
 
 from test_serve_api import shared_world, world_state
 
+# tests/conftest.py skips the module where Chromium ($VLCTL_CHROMIUM, else /usr/bin/chromium) or playwright is missing.
+pytestmark = pytest.mark.needs_chromium
 CHROMIUM = os.environ.get("VLCTL_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 TABS = ("search", "steer", "clusters", "explain", "reports")
-
-
-def _need_browser():
-    if not Path(CHROMIUM).is_file() or not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; .ci/run installs it)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
 
 def _free_port() -> int:
@@ -77,7 +73,6 @@ def _report(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def browser():
-    _need_browser()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

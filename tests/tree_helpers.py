@@ -3,15 +3,11 @@ and the lookups of what a tree replaced and missed."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from vlctl.captions import wordnet as wnmod
 from vlctl.captions.trees import TreeGenerator
 
-needs_wordnet = pytest.mark.skipif(not Path(wnmod.DEBIAN_DIR, "data.noun").is_file(),
-                                   reason="WordNet database not installed (Debian package wordnet-base)")
+needs_wordnet = pytest.mark.needs_wordnet  # tests/conftest.py skips it where WordNet is missing
 
 
 def prepared_generator() -> TreeGenerator:
