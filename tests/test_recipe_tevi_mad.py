@@ -185,3 +185,39 @@ def test_cli_fit_and_score(tiny_run, tmp_path):
                str(tmp_path / "t2"))
     assert r.returncode == 2 and "fitted on embeddings of encoder" in r.stderr, r.stderr
     assert not (tmp_path / "t2").exists()
+
+
+def test_paper_configuration_runs_and_its_word_figures_recompute(tiny_run):
+    # Issue 41: the concept-started 26-latent SAE, the paper's mask and schedule, the text tower
+    # fine-tuned beside the mask; zero-shot read with the bare value words too.
+    import dataclasses
+
+    from vlctl.data.mad import CATEGORIES, MadConfig, captions, load_mad
+    from vlctl.encoders.factory import load_encoder
+    from vlctl.recipes.runner import find_stage
+
+    stages = tiny_run / "stages"
+    cfg = dataclasses.replace(TINY, n_seeds=1, contradicting_batches=False, mask_mass_coef=0.0, sae_resample_every=0,
+                              sae_init="concepts", mask_temperature=1.0, mask_floor=0.0, mask_warmup_epochs=1,
+                              text_finetune=True, text_lr=1e-3)
+    out = tiny_run / "tevi-mad-paper"
+    tevi_mad.run(out, cfg=cfg, clip_cfg=TINY_CLIP, stages=stages)
+    r = json.loads((out / "results.json").read_text())
+    assert r["sae"]["n_latents"] == 26
+    learned = r["variants"]["learned"]["summary"]
+    z = np.load(out / "arrays" / "conditioning_learned.npz")
+    excess = np.mean([editing.conditioning_accuracy(z["original_emb"], z["edited_emb"], z[f"word_{c}"], z[f"label_{c}"],
+                                                    z[f"in_caption_{c}"])["not_in_caption"] - 100 / len(z[f"word_{c}"])
+                      for c in mad_report.EDITED])
+    assert excess == pytest.approx(learned["not_in_caption_excess_words"], abs=1e-9)
+    # The fine-tuned tower embeds the test texts: its class texts differ from the frozen CLIP's.
+    test_emb = np.load(find_stage(stages, "embed") / "embeddings.npz")
+    assert not np.allclose(z["text_color"], test_emb["text_color"])
+    # Unchanged, the tower gives the embed stage's texts; the captions are the test split's, unrendered.
+    clip = load_encoder(find_stage(stages, "train") / "model")
+    labels = load_mad(find_stage(stages, "data-test") / "test")["labels"]
+    again = tevi_mad.finetuned_texts(clip.model.text, clip.tokenize, [lab["caption"] for lab in labels])
+    for k in ("text_emb", *(f"{p}_{c}" for p in ("text", "word") for c in CATEGORIES)):
+        np.testing.assert_allclose(again[k], test_emb[k], atol=1e-5)
+    key = mad_clip.split_key(TINY_CLIP, "test")
+    assert captions(MadConfig(n=key["n"], seed=key["seed"], split="test")) == [lab["caption"] for lab in labels]

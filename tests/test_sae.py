@@ -292,3 +292,23 @@ def test_fit_resumes_from_its_checkpoint_to_the_uninterrupted_weights(tmp_path, 
         assert torch.equal(a, b), name
     with pytest.raises(VlctlError, match="need out_dir"):
         SparseAutoencoder(**kw).fit(x, "t", resume=True)
+
+
+def test_concept_started_sae_starts_at_the_concepts_and_trains_the_decoder():
+    # TEVI §4.2's learned SAE: the CG-SAE's start (rows = normalised centred concepts), decoder trained.
+    x, dirs = _synthetic(n=512, seed=1)
+    concepts = 2.5 * dirs + 0.01 * torch.randn(N_DIRS, D, generator=torch.Generator().manual_seed(2)) + 1.0
+    centred = concepts - concepts.mean(0)
+    want = centred / centred.norm(dim=1, keepdim=True)
+    sae = SparseAutoencoder.from_concepts(concepts.numpy(), fixed=False, k=3, aux_k=4, dead_after=100, lr=1e-2,
+                                          epochs=1, batch_size=128)
+    start = TopKSAE(sae._resolve(d=D), sae.concept_emb)  # what fit builds before its first step
+    assert torch.equal(start.W_D.detach(), want) and torch.equal(start.W_E.detach(), want.T)
+    assert "W_D" in dict(start.named_parameters())  # trainable, unlike the CG-SAE's buffer
+    sae.fit(x, "enc-a")
+    model = sae.model_
+    assert model.cfg.concepts_init and not model.cfg.concepts_fixed and model.cfg.n_latents == N_DIRS
+    assert not torch.equal(model.W_D.detach(), want)  # the decoder moved
+    torch.testing.assert_close(model.W_D.detach().norm(dim=1), torch.ones(N_DIRS))  # on the unit sphere
+    with pytest.raises(VlctlError, match="exclude each other"):
+        SparseAutoencoder.Config(concepts_fixed=True, concepts_init=True)

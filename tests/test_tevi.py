@@ -18,7 +18,7 @@ from vlctl.eval.editing import (
 )
 from vlctl.fsops import VlctlError
 from vlctl.methods.sae.model import SparseAutoencoder
-from vlctl.methods.tevi.estimator import TEVI, TeviConfig, TeviMask, _TeviTrainer, edit, with_partners
+from vlctl.methods.tevi.estimator import TEVI, TeviConfig, TeviMask, _TeviTrainer, edit, warmup_steps, with_partners
 
 D, S = 12, 6  # embedding dim, concepts
 
@@ -289,3 +289,32 @@ def test_latent_purity_by_hand():
     z2 = np.array([[1.0], [0.0], [1.0], [0.0]])  # fires on half of each concept: AUC 50 for both
     auc2, best2 = latent_purity(z2, present)
     assert auc2.tolist() == [50.0] and best2.tolist() == [0]
+
+
+def test_paper_mask_is_three_relu_layers_and_a_plain_sigmoid():
+    # The paper's f_m (App. A.1): 3 layers, hidden 256, ReLU, sigmoid; temperature 1 and no floor.
+    mask = TeviMask(TeviConfig(d=D, n_latents=S, hidden=256, mask_temperature=1.0, mask_floor=0.0)).eval()
+    kinds = [type(m) for m in mask.mlp]
+    assert kinds == [nn.Linear, nn.ReLU, nn.Linear, nn.ReLU, nn.Linear]
+    assert [(m.in_features, m.out_features) for m in mask.mlp if isinstance(m, nn.Linear)] == [(D, 256), (256, 256),
+                                                                                                   (256, S)]
+    t = torch.randn(7, D, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(mask(t), torch.sigmoid(mask.mlp(F.normalize(t, dim=-1))))
+
+
+def test_warmup_epochs_are_that_many_epochs_of_steps(world):
+    from vlctl.train.loop import LoopConfig
+
+    cfg = TeviConfig(warmup_epochs=5, warmup_steps=3)
+    assert warmup_steps(cfg, 1000, LoopConfig(batch_size=256)) == 3 + 5 * 3  # 3 full batches of 256 an epoch (drop_last)
+    sae, img, txt, *_ = world
+    n = 600  # 2 steps an epoch at batch 256: warmup_epochs=1 is warmup_steps=2, bit for bit
+    by_epochs = TEVI(hidden=8, epochs=2, batch_size=256, lr=1e-2, warmup_epochs=1, holdout=0).fit(
+        img[:n], txt[:n], sae=sae)
+    by_steps = TEVI(hidden=8, epochs=2, batch_size=256, lr=1e-2, warmup_steps=2, holdout=0).fit(
+        img[:n], txt[:n], sae=sae)
+    no_warmup = TEVI(hidden=8, epochs=2, batch_size=256, lr=1e-2, holdout=0).fit(img[:n], txt[:n], sae=sae)
+    for a, b in zip(by_epochs.mask_.parameters(), by_steps.mask_.parameters()):
+        assert torch.equal(a, b)
+    assert not all(torch.equal(a, b) for a, b in zip(by_epochs.mask_.parameters(), no_warmup.mask_.parameters()))

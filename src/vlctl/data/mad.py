@@ -376,13 +376,25 @@ def prompt_captions(category: str, value: str, n: int, seed: int = 0) -> list[st
     return out
 
 
-def make_sample(i: int, cfg: MadConfig, glyphs: Glyphs) -> tuple[np.ndarray, dict]:
-    """Image i and its label, from an RNG that depends only on (seed, split, i)."""
+def _draw_label(i: int, cfg: MadConfig, glyphs: Glyphs) -> tuple[dict, int, str, np.random.Generator]:
+    """Sample i's attributes, glyph and caption, and the RNG (seed, split, i) left where rendering
+    continues: the label is drawn before the image."""
     rng = np.random.default_rng([cfg.seed, SPLITS.index(cfg.split), i])
     attrs = {c: VALUES[c][rng.integers(len(VALUES[c]))] for c in CATEGORIES}
     pool = glyphs.by_digit[int(attrs["digit"])]
     g = pool[rng.integers(len(pool))]
-    text = caption(attrs, rng)
+    return attrs, g, caption(attrs, rng), rng
+
+
+def captions(cfg: MadConfig) -> list[str]:
+    """The captions of the cfg.n samples `generate_mad(cfg)` writes, drawn without rendering an image."""
+    glyphs = load_glyphs(cfg)
+    return [_draw_label(i, cfg, glyphs)[2] for i in range(cfg.n)]
+
+
+def make_sample(i: int, cfg: MadConfig, glyphs: Glyphs) -> tuple[np.ndarray, dict]:
+    """Image i and its label, from an RNG that depends only on (seed, split, i)."""
+    attrs, g, text, rng = _draw_label(i, cfg, glyphs)
     image = render(glyphs.images[g] / 255.0, attrs, rng, cfg)
     return image, {**attrs, "digit": int(attrs["digit"]), "caption": text, "glyph": int(glyphs.ids[g])}
 

@@ -66,6 +66,9 @@ class TopKSAEConfig:
                           choices=("geometric_median", "mean", "zeros"))
     concepts_fixed: bool = opt(False, "CG-SAE: decoder rows fixed to concept text embeddings, only the encoder "
                                "trains (set by SparseAutoencoder.from_concepts)")
+    concepts_init: bool = opt(False, "decoder rows START at the concept text embeddings and train with the rest (TEVI "
+                              "§4.2's learned SAE: the §3.3 setup with the decoder kept learnable; set by "
+                              "SparseAutoencoder.from_concepts(fixed=False))", added=True)
     lr: float = opt(1e-3, "peak learning rate (AdamW, no weight decay)", gt=0, le=10)
     epochs: int = opt(50, "passes over the embeddings", ge=1, le=100_000)
     batch_size: int = opt(4096, "batch size (capped at the number of embeddings)", ge=1, le=2**20)
@@ -87,6 +90,8 @@ class TopKSAEConfig:
             raise VlctlError(f"k={self.k} must be in [1, d_latent={self.n_latents}]")
         if self.k < 1:
             raise VlctlError(f"k={self.k} must be >= 1")
+        if self.concepts_fixed and self.concepts_init:
+            raise VlctlError("concepts_fixed (CG-SAE) and concepts_init (trained from the concepts) exclude each other")
         if self.aux_k < 0 or self.dead_after < 0:
             raise VlctlError(f"aux_k ({self.aux_k}) and dead_after ({self.dead_after}) must be >= 0")
 
@@ -168,7 +173,7 @@ class TopKSAE(nn.Module):
             raise VlctlError("TopKSAE: the config's d (embedding dimension) is not set")
         self.cfg = cfg
         d, d1 = cfg.d, cfg.n_latents
-        if cfg.concepts_fixed:
+        if cfg.concepts_fixed or (cfg.concepts_init and concept_emb is not None):
             if concept_emb is None or tuple(concept_emb.shape) != (d1, d):
                 got = None if concept_emb is None else tuple(concept_emb.shape)
                 raise VlctlError(f"CG-SAE needs concept embeddings of shape ({d1}, {d}), got {got}")
@@ -365,9 +370,13 @@ class SparseAutoencoder(Estimator):
 
     @classmethod
     def from_concepts(cls, concept_text_emb: Any, center: bool = True, config: TopKSAEConfig | None = None,
-                      **kwargs) -> SparseAutoencoder:
+                      fixed: bool = True, **kwargs) -> SparseAutoencoder:
         """CG-SAE: one latent per concept, decoder rows fixed to the normalised text embeddings
         `concept_text_emb` (S, d). Only the encoder (W_E, b_E) trains.
+
+        fixed=False: the same start (decoder rows at the normalised, centred concept embeddings,
+        W_E their transpose) but every weight trains (`concepts_init`): TEVI §4.2's learned SAE,
+        "the setup from Sec. 3.3; however, we no longer fix the decoder weights".
 
         center: subtract the mean concept embedding before normalising (the default). CLIP's
         modality gap puts every text embedding on a large common offset that image embeddings do
@@ -382,7 +391,8 @@ class SparseAutoencoder(Estimator):
             if len(concepts) < 2:
                 raise VlctlError("from_concepts: centring needs at least 2 concepts (or pass center=False)")
             concepts = concepts - concepts.mean(0)
-        est = cls(config, d_latent=concepts.shape[0], concepts_fixed=True, **kwargs)
+        flags = {"concepts_fixed": True} if fixed else {"concepts_init": True}
+        est = cls(config, d_latent=concepts.shape[0], **flags, **kwargs)
         est.concept_emb = concepts
         return est
 
@@ -401,11 +411,13 @@ class SparseAutoencoder(Estimator):
         x = as_tensor(data.image)
         n, d = x.shape
         cfg = self._resolve(d=d)
-        if cfg.concepts_fixed and self.concept_emb is None:
-            raise VlctlError("concepts_fixed: a CG-SAE is made with SparseAutoencoder.from_concepts(concept_emb)")
-        if cfg.concepts_fixed and self.concept_emb.shape[1] != d:
+        from_concepts = cfg.concepts_fixed or cfg.concepts_init
+        if from_concepts and self.concept_emb is None:
+            raise VlctlError("concepts_fixed / concepts_init: such an SAE is made with "
+                             "SparseAutoencoder.from_concepts(concept_emb)")
+        if from_concepts and self.concept_emb.shape[1] != d:
             raise VlctlError(f"concept embeddings have dim {self.concept_emb.shape[1]}, image embeddings {d}")
-        model = TopKSAE(cfg, self.concept_emb if cfg.concepts_fixed else None, seed=cfg.seed)
+        model = TopKSAE(cfg, self.concept_emb if from_concepts else None, seed=cfg.seed)
         with torch.no_grad():
             if cfg.init_b_pre == "geometric_median":
                 model.b_pre.copy_(geometric_median(x).float())

@@ -81,6 +81,8 @@ class TeviConfig:
                                                 "by the group's latents; None: one free value per latent (the "
                                                 "paper's mask)", ge=0, le=2**24)
     warmup_steps: int = opt(0, "linear warmup steps", ge=0, le=10**9)
+    warmup_epochs: int = opt(0, "linear warmup over this many epochs' steps, added to warmup_steps (the paper, MAD: "
+                             "5 of 25 epochs)", ge=0, le=100_000, added=True)
     seed: int = opt(0, "seed of the initialisation, the data order and the held-out images", ge=0, le=2**32 - 1)
     holdout: float = opt(0.1, "share of the images held out of the mask's training, each with all its captions: "
                          "CLIP, TEVI and the fused rerank are measured on their pairs and the fusion weight alpha is "
@@ -146,6 +148,14 @@ class TeviMask(nn.Module):
 def edit(latents: torch.Tensor, masks: torch.Tensor, decoder: torch.Tensor, b_pre: torch.Tensor) -> torch.Tensor:
     """Edited embeddings, row by row: (n, d1), (n, d1), (d1, d), (d,) -> (n, d) = (z ⊙ m) W_D + b_pre."""
     return (latents * masks) @ decoder + b_pre
+
+
+def warmup_steps(cfg: TeviConfig, n_pairs: int, loop_cfg: Any) -> int:
+    """The loop's warmup: `cfg.warmup_steps` + `cfg.warmup_epochs` epochs of `n_pairs` pairs at the
+    loop's batch size (one process)."""
+    from vlctl.train.loop import steps_per_epoch
+
+    return cfg.warmup_steps + cfg.warmup_epochs * steps_per_epoch(n_pairs, loop_cfg)
 
 
 def with_partners(idx: np.ndarray, partners: np.ndarray) -> np.ndarray:
@@ -330,6 +340,8 @@ class TEVI(Estimator):
             warmup_steps=cfg.warmup_steps, seed=cfg.seed, progress=self.progress, log_every=50,
             checkpoint_every=checkpoint_every,
         )  # fmt: skip
+        if cfg.warmup_epochs:
+            loop_cfg = dataclasses.replace(loop_cfg, warmup_steps=warmup_steps(cfg, n, loop_cfg))
         tmp = tempfile.TemporaryDirectory(prefix="vlctl-tevi-") if self.out_dir is None else None
         try:
             train(net, n_samples=n, make_batch=make_batch, loss_fn=loss_fn, cfg=loop_cfg,

@@ -83,6 +83,18 @@ class TeviMadRecipe:
                                       "that names one attribute with another value (TEVI.fit partners)")
     cg_group_mask: bool = opt(False, "CG-SAE: one mask value per attribute category, shared by its value latents "
                               "(TeviConfig.latent_groups); False: the paper's free per-latent mask")
+    sae_init: str = opt("random", "learned SAE's start: random (expansion * d latents) | concepts (one latent per "
+                        "attribute value, 26, the decoder rows started at the values' normalised centred text "
+                        "embeddings as the CG-SAE's, then every weight trained: TEVI §4.2 'we follow the setup from "
+                        "Sec. 3.3; however, we no longer fix the decoder weights')", choices=("random", "concepts"),
+                        added=True)
+    mask_warmup_epochs: int = opt(0, "mask: linear lr warmup over this many epochs (the paper, MAD: 5 of 25)", ge=0,
+                                  le=100_000, added=True)
+    text_finetune: bool = opt(False, "fine-tune the CLIP text tower beside the mask, through the mask's loss, at "
+                              "text_lr (the paper: 'we train f_m and fine-tune the CLIP text encoder f_t'); the "
+                              "test captions and class texts are then embedded by the fine-tuned tower", added=True)
+    text_lr: float = opt(1e-6, "learning rate of the fine-tuned text tower (the paper, MAD: 1e-6)", ge=0, le=10,
+                         added=True)
     sae_resample_every: int = opt(0, "learned SAE: re-initialise dead latents every this many steps (0: never)",
                                   ge=0, le=10**9)
     headline: str = opt("cg", "the variant whose numbers fill results.conditioning and arrays/conditioning.npz",
@@ -160,6 +172,10 @@ def _fit_sae(cfg: TeviMadRecipe, variant: str, x: np.ndarray, concepts: np.ndarr
               "dead_after": 20 * len(x) // 30}
     if variant == "cg":
         sae = SparseAutoencoder.from_concepts(concepts, k=cfg.cg_k, aux_k=0, epochs=cfg.cg_epochs, **common)
+    elif cfg.sae_init == "concepts" and expansion is None:  # the sweep's SAEs stay random-started
+        sae = SparseAutoencoder.from_concepts(concepts, fixed=False, k=k or cfg.sae_k, aux_k=cfg.sae_aux_k,
+                                              epochs=epochs or cfg.sae_epochs, resample_every=cfg.sae_resample_every,
+                                              **common)
     else:
         sae = SparseAutoencoder(k=k or cfg.sae_k, expansion=expansion or cfg.sae_expansion, aux_k=cfg.sae_aux_k,
                                 epochs=epochs or cfg.sae_epochs, resample_every=cfg.sae_resample_every, **common)
@@ -171,7 +187,10 @@ def _fit_sae(cfg: TeviMadRecipe, variant: str, x: np.ndarray, concepts: np.ndarr
 
 
 def _fit_tevi(cfg: TeviMadRecipe, sae_dir: Path, train: dict, work: Path, variant: str = "cg",
-              partners: np.ndarray | None = None, seed: int | None = None, holdout: float = 0.0) -> None:
+              partners: np.ndarray | None = None, seed: int | None = None, holdout: float = 0.0,
+              text: tuple | None = None) -> None:
+    """Fit the mask over the SAE in `sae_dir` on the training pairs; with `text` = (text tower,
+    (n, L) caption tokens) the tower is fine-tuned beside it (`text_finetune`)."""
     from vlctl.methods.sae.model import SparseAutoencoder
     from vlctl.methods.tevi.estimator import TEVI
 
@@ -180,9 +199,11 @@ def _fit_tevi(cfg: TeviMadRecipe, sae_dir: Path, train: dict, work: Path, varian
     tevi = TEVI(hidden=cfg.mask_hidden, conditioning=cfg.conditioning, mask_temperature=cfg.mask_temperature,
                 mask_floor=cfg.mask_floor, lr=cfg.mask_lr, epochs=cfg.mask_epochs, batch_size=cfg.mask_batch_size,
                 mask_mass_coef=cfg.mask_mass_coef, latent_groups=groups, seed=cfg.seed if seed is None else seed,
+                warmup_epochs=cfg.mask_warmup_epochs, text_lr=cfg.text_lr,
                 holdout=holdout, out_dir=work / "run")  # holdout 0: every training pair, as before issue 41
+    captions = {"text_emb": train["text_emb"]} if text is None else {"text_encoder": text[0], "texts": text[1]}
     with torch_threads(cfg.fit_threads):
-        tevi.fit(train["image_emb"], train["text_emb"], sae=sae, partners=partners)
+        tevi.fit(train["image_emb"], sae=sae, partners=partners, **captions)
     tevi.save(work / "tevi")
 
 
@@ -224,26 +245,31 @@ def _nanmean(x) -> float | None:
 
 
 def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, cap_vals, out: Path, variant: str,
-                      seed: int | None = None) -> dict:
+                      seed: int | None = None, text: tuple | None = None) -> dict:
     """Every figure of one variant's TEVI. Seed `cfg.seed` (the primary fit) writes the full arrays;
     another seed writes `conditioning_<variant>_seed<s>.npz` and the top-10 orders of its exhaustive
     scores (`retrieval_<variant>_seed<s>.npz`), enough to recompute its conditioning, leakage and
-    R@1/5/10, and skips the rerank."""
-    from vlctl.methods.tevi.estimator import TEVI
+    R@1/5/10, and skips the rerank. With `text` = (a text tower of the CLIP's architecture, its
+    tokenize, the test captions) the TEVI's own fine-tuned tower embeds the captions and class texts.
+
+    Zero-shot is read with both class texts: `text_<c>` (the prompt ensemble, the headline as
+    before) and `word_<c>` (the bare values, the paper's): the summary's `*_words` figures."""
 
     seed = cfg.seed if seed is None else seed
     primary = seed == cfg.seed
-    tevi = TEVI.load(tevi_dir)
+    tevi, test_emb = _load_tevi(tevi_dir, test_emb, text)
     img, txt = test_emb["image_emb"], test_emb["text_emb"]
     n = len(img)
     edited = tevi.edit(img, txt).numpy()
     perm = np.random.default_rng(cfg.seed).permutation(n)
     swapped = tevi.edit(img, txt[perm]).numpy()
-    conditioning, leakage = {}, {}
+    conditioning, leakage, words, leakage_words = {}, {}, {}, {}
     for c in EDITED:
         ci = CATEGORIES.index(c)
         conditioning[c] = conditioning_accuracy(img, edited, test_emb[f"text_{c}"], img_vals[:, ci], cap_vals[:, ci] >= 0)
         leakage[c] = leakage_accuracy(swapped, test_emb[f"text_{c}"], img_vals[:, ci], cap_vals[perm, ci])
+        words[c] = conditioning_accuracy(img, edited, test_emb[f"word_{c}"], img_vals[:, ci], cap_vals[:, ci] >= 0)
+        leakage_words[c] = leakage_accuracy(swapped, test_emb[f"word_{c}"], img_vals[:, ci], cap_vals[perm, ci])
     summary = {
         "in_caption_gap": float(np.mean([conditioning[c]["original"] - conditioning[c]["in_caption"] for c in EDITED])),
         "not_in_caption_excess": float(np.mean([conditioning[c]["not_in_caption"] - conditioning[c]["chance"]
@@ -253,6 +279,11 @@ def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, ca
         "follows_image_min": float(min(leakage[c]["follows_image"] for c in EDITED)),
         "follows_image_mean": float(np.mean([leakage[c]["follows_image"] for c in EDITED])),
         "follows_caption_mean": float(np.mean([leakage[c]["follows_caption"] for c in EDITED])),
+        # The same read with the bare value words as class texts (the paper's zero-shot classes).
+        "in_caption_gap_words": float(np.mean([words[c]["original"] - words[c]["in_caption"] for c in EDITED])),
+        "not_in_caption_excess_words": float(np.mean([words[c]["not_in_caption"] - words[c]["chance"] for c in EDITED])),
+        "follows_image_min_words": float(min(leakage_words[c]["follows_image"] for c in EDITED)),
+        "follows_caption_mean_words": float(np.mean([leakage_words[c]["follows_caption"] for c in EDITED])),
     }
     cos_before = metrics.positive_pair_cosine(img, txt)
     cos_after = metrics.positive_pair_cosine(edited, txt)
@@ -264,6 +295,7 @@ def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, ca
     relevant = caption_relevance(img_vals, cap_vals)
     cond_arrays = dict(original_emb=img, edited_emb=edited, swapped_emb=swapped, swap_perm=perm,
                        **{f"text_{c}": test_emb[f"text_{c}"] for c in EDITED},
+                       **{f"word_{c}": test_emb[f"word_{c}"] for c in EDITED},
                        **{f"label_{c}": img_vals[:, CATEGORIES.index(c)] for c in EDITED},
                        **{f"in_caption_{c}": cap_vals[:, CATEGORIES.index(c)] >= 0 for c in EDITED},
                        **{f"caption_label_{c}": cap_vals[:, CATEGORIES.index(c)] for c in EDITED})
@@ -275,7 +307,8 @@ def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, ca
         atomic_save_npz(arrays / f"retrieval_{variant}_seed{seed}.npz", top_order_t2i=top_t2i, top_order_i2t=top_i2t,
                         image_values=img_vals, caption_values=cap_vals)
         rec = _order_recall(top_t2i, top_i2t, relevant)
-        return {"seed": seed, "conditioning": conditioning, "summary": summary, "leakage": leakage,
+        return {"seed": seed, "conditioning": conditioning, "conditioning_words": words, "summary": summary,
+                "leakage": leakage,
                 "alignment": {"before": float(cos_before.mean()), "after": float(cos_after.mean())},
                 "retrieval": {"tevi": rec}}
     t0 = time.perf_counter()
@@ -294,12 +327,38 @@ def _evaluate_variant(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, ca
                     rerank_order_i2t=rr_i2t, image_values=img_vals, caption_values=cap_vals, edited_emb=edited,
                     text_emb=txt)
     return {
-        "seed": seed, "conditioning": conditioning, "summary": summary, "leakage": leakage,
+        "seed": seed, "conditioning": conditioning, "conditioning_words": words, "summary": summary,
+        "leakage": leakage,
         "alignment": {"before": float(cos_before.mean()), "after": float(cos_after.mean())},
         "retrieval": {"base": rec_base, "tevi": rec_exact, "tevi_rerank": rec_rerank},
         "seconds": {"tevi_scores_exhaustive": exact_s, "tevi_rerank": rerank_s},
         "_cos": (cos_before, cos_after),
     }
+
+
+def _load_tevi(tevi_dir: Path, test_emb: dict, text: tuple | None):
+    """(TEVI, test embeddings): a TEVI that fine-tuned its text tower loads it into a copy of
+    text[0] and re-embeds the test texts with it (`finetuned_texts`)."""
+    import copy
+
+    from vlctl.methods.tevi.estimator import TEVI
+
+    tevi = TEVI.load(tevi_dir, text_encoder=None if text is None else copy.deepcopy(text[0]))
+    if tevi.text_encoder_ is not None:
+        test_emb = {**test_emb, **finetuned_texts(tevi.text_encoder_, text[1], text[2])}
+    return tevi, test_emb
+
+
+def finetuned_texts(text_tower, tokenize, captions: list[str]) -> dict[str, np.ndarray]:
+    """The test captions (`text_emb`) and class texts (`text_<c>`, `word_<c>`) embedded by a
+    (fine-tuned) TinyCLIP text tower, normalised, as the embed stage's; `tokenize`: texts -> ids."""
+    import torch
+
+    @torch.no_grad()
+    def encode(texts: list[str]) -> np.ndarray:
+        return torch.nn.functional.normalize(text_tower(tokenize(texts)), dim=-1).numpy()
+
+    return {"text_emb": encode(captions), **mad_clip.class_embeddings(encode)}
 
 
 def _order_recall(order_t2i: np.ndarray, order_i2t: np.ndarray, relevant: np.ndarray) -> dict:
@@ -308,13 +367,12 @@ def _order_recall(order_t2i: np.ndarray, order_i2t: np.ndarray, relevant: np.nda
             **{f"t2i{k}": v for k, v in recall_from_order(order_t2i, relevant).items()}}
 
 
-def _evaluate_fused(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, cap_vals, out: Path) -> dict:
+def _evaluate_fused(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, cap_vals, out: Path,
+                    text: tuple | None = None) -> dict:
     """The fused rerank (issue 41) of the mask fitted with held-out images: on the test set, CLIP,
     TEVI alone (exhaustive), TEVI-rerank (alpha 0) and the fused rerank at the model's alpha, from
     the arrays it saves (arrays/retrieval_fused.npz); beside them the model's held-out figures."""
-    from vlctl.methods.tevi.estimator import TEVI
-
-    tevi = TEVI.load(tevi_dir)
+    tevi, test_emb = _load_tevi(tevi_dir, test_emb, text)
     img, txt = test_emb["image_emb"], test_emb["text_emb"]
     base = img @ txt.T
     relevant = caption_relevance(img_vals, cap_vals)
@@ -327,6 +385,13 @@ def _evaluate_fused(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, cap_
             **{name: _order_recall(orders[f"{o}_order_t2i"], orders[f"{o}_order_i2t"], relevant)
                for name, o in (("tevi_rerank", "rerank"), ("fused", "fused"))}}
     return {**tevi.fusion(), "test": test}
+
+
+def _copy(text: tuple | None) -> tuple | None:
+    """(a fresh copy of the text tower, its inputs): each fit fine-tunes its own copy."""
+    import copy
+
+    return None if text is None else (copy.deepcopy(text[0]), *text[1:])
 
 
 def _top_order(scores: np.ndarray, k: int) -> np.ndarray:
@@ -410,12 +475,22 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: TeviMadRecipe 
     # stage cache made before them stays valid for the default (paper) settings.
     sae_key = {"clip": train_key, "k": cfg.sae_k, "expansion": cfg.sae_expansion, "aux_k": cfg.sae_aux_k,
                "epochs": cfg.sae_epochs, "lr": cfg.sae_lr, "batch": cfg.sae_batch_size, "seed": cfg.seed,
-               **({"resample_every": cfg.sae_resample_every} if cfg.sae_resample_every else {})}
+               **({"resample_every": cfg.sae_resample_every} if cfg.sae_resample_every else {}),
+               **({"init": "concepts", "concepts": "prompt-ensemble, centred"} if cfg.sae_init == "concepts" else {})}
     cg_key = {"clip": train_key, "k": cfg.cg_k, "epochs": cfg.cg_epochs, "lr": cfg.sae_lr, "batch": cfg.sae_batch_size,
               "seed": cfg.seed, "concepts": "prompt-ensemble, centred"}
     mask_key = {k: rc[k] for k in ("mask_hidden", "mask_temperature", "mask_floor", "mask_epochs", "mask_lr",
                                    "mask_batch_size", "conditioning", "seed")}
     mask_key.update({k: rc[k] for k in ("mask_mass_coef", "contradicting_batches") if rc[k]})
+    mask_key.update({k: rc[k] for k in ("mask_warmup_epochs", "text_finetune") if k in rc})
+    fit_text = eval_text = None
+    if cfg.text_finetune:  # the CLIP's text tower, fine-tuned from its trained weights by each mask fit
+        from vlctl.encoders.factory import load_encoder
+
+        mask_key["text_lr"] = cfg.text_lr
+        clip = load_encoder(train_dir / "model")
+        fit_text = (clip.model.text, clip.tokenize(data.train_captions()))
+        eval_text = (clip.model.text, clip.tokenize, [lab["caption"] for lab in labels])
     partners = None
     if cfg.contradicting_batches:  # reads the training images' labels (generates that split if need be)
         partners = contradicting_partners(data.train_values()["caption_values"], cfg.seed)
@@ -433,13 +508,14 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: TeviMadRecipe 
             groups = {"cg_group_mask": True} if v == "cg" and cfg.cg_group_mask else {}
             tevi_dirs[v, s] = runner.stage(
                 f"tevi-{v}{tag}", {"sae": keys[v], **mask_key, "seed": s, **groups},
-                lambda w, v=v, s=s: _fit_tevi(cfg, sae_dirs[v, s] / "sae", train, w, v, partners, s))
+                lambda w, v=v, s=s: _fit_tevi(cfg, sae_dirs[v, s] / "sae", train, w, v, partners, s,
+                                              text=_copy(fit_text)))
     # Issue 41: the learned-SAE mask again, `fusion_holdout` of the training images held out and
     # its fusion weight chosen on their pairs (the stages above keep every pair: their numbers stand).
     fused_dir = runner.stage(
         "tevi-learned-fused", {"sae": sae_key, **mask_key, "holdout": cfg.fusion_holdout},
         lambda w: _fit_tevi(cfg, sae_dirs["learned", cfg.seed] / "sae", train, w, "learned", partners,
-                            holdout=cfg.fusion_holdout))
+                            holdout=cfg.fusion_holdout, text=_copy(fit_text)))
     sweep_key = {"clip": train_key, "k": list(cfg.sweep_k), "expansion": list(cfg.sweep_expansion),
                  "epochs": cfg.sweep_epochs, "aux_k": cfg.sae_aux_k, "lr": cfg.sae_lr, "seed": cfg.seed,
                  "purity": f"train[:{N_PURITY}]",
@@ -450,13 +526,13 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: TeviMadRecipe 
 
     # Evaluate.
     t_eval = time.perf_counter()
-    variants = {v: _evaluate_variant(cfg, tevi_dirs[v, cfg.seed] / "tevi", test_emb, img_vals, cap_vals, out, v)
-                for v in VARIANTS}
+    variants = {v: _evaluate_variant(cfg, tevi_dirs[v, cfg.seed] / "tevi", test_emb, img_vals, cap_vals, out, v,
+                                     text=eval_text) for v in VARIANTS}
     per_seed = {v: [variants[v]] + [_evaluate_variant(cfg, tevi_dirs[v, s] / "tevi", test_emb, img_vals, cap_vals, out,
-                                                      v, seed=s) for s in seeds[1:]]
+                                                      v, seed=s, text=eval_text) for s in seeds[1:]]
                 for v in VARIANTS}
     seeds_summary = {v: {"seeds": seeds, **_mean_std(per_seed[v])} for v in VARIANTS}
-    fused = _evaluate_fused(cfg, fused_dir / "tevi", test_emb, img_vals, cap_vals, out)
+    fused = _evaluate_fused(cfg, fused_dir / "tevi", test_emb, img_vals, cap_vals, out, text=eval_text)
     sae_dirs = {v: sae_dirs[v, cfg.seed] for v in VARIANTS}
     cg, auc, cg_latents = _cg_probe(sae_dirs["cg"] / "sae", test_emb, img_vals, out)
     from vlctl.methods.sae.model import SparseAutoencoder

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from vlctl.config import config_from_dict, config_to_dict, opt
-from vlctl.data.mad import CATEGORIES, VALUES, MadConfig, generate_mad, load_mad, prompt_captions
+from vlctl.data.mad import CATEGORIES, VALUES, MadConfig, captions, generate_mad, load_mad, prompt_captions
 from vlctl.eval import metrics
 from vlctl.eval.metrics import caption_relevance
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
@@ -100,19 +100,26 @@ def _embed(encoder_dir: Path, test_dir: Path, work: Path) -> None:
     import torch
 
     encoder, cache = embed_split(encoder_dir, test_dir, work)
-    classes = {}
     with torch.no_grad():
-        for c in CATEGORIES:
-            # The bare value ("no swelling") as its own text: the paper-style single prompt.
-            classes[f"word_{c}"] = encoder.encode_texts(encoder.tokenize(list(VALUES[c]))).numpy()
-            ensemble = []
-            for v in VALUES[c]:
-                e = encoder.encode_texts(encoder.tokenize(prompt_captions(c, v, PROMPTS_PER_CLASS))).numpy().mean(0)
-                ensemble.append(e / np.linalg.norm(e))
-            classes[f"text_{c}"] = np.stack(ensemble).astype(np.float32)
+        classes = class_embeddings(lambda texts: encoder.encode_texts(encoder.tokenize(texts)).numpy())
     atomic_save_npz(work / "embeddings.npz", image_emb=np.asarray(cache.image_emb), text_emb=np.asarray(cache.text_emb),
                     **classes)
     atomic_write_json(work / "encoder.json", {"encoder_id": encoder.id})
+
+
+def class_embeddings(encode) -> dict[str, np.ndarray]:
+    """The zero-shot class embeddings of every category from `encode` (list of texts -> (n, d)
+    normalised embeddings): `word_<c>` the bare values ("no swelling"; the paper-style single
+    prompt) and `text_<c>` the prompt ensemble (normalised mean of PROMPTS_PER_CLASS captions)."""
+    classes = {}
+    for c in CATEGORIES:
+        classes[f"word_{c}"] = encode(list(VALUES[c]))
+        ensemble = []
+        for v in VALUES[c]:
+            e = encode(prompt_captions(c, v, PROMPTS_PER_CLASS)).mean(0)
+            ensemble.append(e / np.linalg.norm(e))
+        classes[f"text_{c}"] = np.stack(ensemble).astype(np.float32)
+    return classes
 
 
 def _figures(out: Path, test_dir: Path, cos: np.ndarray, zero_shot: dict) -> None:
@@ -220,6 +227,11 @@ class MadData:
         if self._train is None:
             self._train = self._split("train")
         return self._train
+
+    def train_captions(self) -> list[str]:
+        """The train split's captions, drawn without rendering its images (`vlctl.data.mad.captions`)."""
+        key = split_key(self._cfg, "train")
+        return captions(MadConfig(n=key["n"], seed=key["seed"], split="train"))
 
     def train_values(self) -> dict[str, np.ndarray]:
         """`image_values` and `caption_values` (n_train, 6) of the train split, from a small stage
