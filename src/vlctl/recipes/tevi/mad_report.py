@@ -131,6 +131,18 @@ def _report(cfg, r: dict, quick: bool) -> Report:
              + (", CG-SAE mask per attribute category" if cfg.cg_group_mask else "") + ". "
              "All numbers are percentages unless noted, recomputable from arrays/ (arrays/README.md).")
     n_seeds = len(r["seeds"]["cg"]["seeds"])
+    learned = r["variants"]["learned"]["summary"]
+    paper_learned = np.mean([PAPER_CONDITIONING["learned"][c][2] - 100 / len(VALUES[c]) for c in EDITED])
+    if learned["not_in_caption_excess"] > paper_learned:
+        # issue 41: a missed target is said at the top, with where the diagnosis is, not at the end
+        rep.heading("Where ours falls short")
+        rep.text(f"The learned-SAE TEVI (the paper's method, Table A2) does not reproduce: its not-in-caption excess "
+                 f"is {learned['not_in_caption_excess']:.1f} points over chance (paper {paper_learned:.1f}), and under "
+                 f"a foreign caption it follows the caption {learned['follows_caption_mean']:.1f}% of the time. The "
+                 "diagnosis (docs/findings.md, 'TEVI as its paper specifies it'; experiments/tevi_paper_config.py) "
+                 "finds the objective at fault, not the optimisation: on MAD, Eq. 10's loss on the training pairs is "
+                 "lower for a mask that writes the caption in than for the category-selective (oracle) mask, and a "
+                 "mask started at the oracle drifts away from it. The CG-SAE proof (Table A1) is below.")
     for v, title, table in (("cg", "CG-SAE", "A1"), ("learned", "learned SAE", "A2")):
         res = r["variants"][v]
         rep.heading(f"Conditioning effectiveness, {title} (paper Table {table})")
@@ -189,7 +201,7 @@ def _report(cfg, r: dict, quick: bool) -> Report:
         rep.heading("Fused rerank, learned SAE (issue 41)")
         rep.text(f"The learned-SAE mask fitted again with {100 * cfg.fusion_holdout:g}% of the training images held "
                  f"out; the rerank of CLIP's top {cfg.rerank_k} by alpha * CLIP + (1 - alpha) * TEVI, alpha = "
-                 f"{f['alpha']:g} chosen on the held-out pairs (each caption relevant to its own image only): "
+                 f"{f['alpha']:g} chosen on the held-out pairs (a caption relevant to each image that has its text): "
                  f"{f['note']}. On the test set (relevance as above):")
         t = f["test"]
         rep.table(["recall", "CLIP", "TEVI", "TEVI-rerank", "fused rerank"],
