@@ -74,8 +74,10 @@ def tevi_fit(out_dir, resume: bool = False, sae_seed: int = 0, **cfg):
 
     x, t = tevi_data()
     sae = SparseAutoencoder.load(sae_dir(Path(out_dir).parent, sae_seed))
-    # 64 pairs in batches of 16: 4 steps an epoch, 15 epochs = STEPS; negative conditioning (Eq. 11).
-    est = TEVI(**{"hidden": 8, "conditioning": "negative", "epochs": 15, "batch_size": 16, "lr": 1e-2, **cfg},
+    # 64 pairs in batches of 16: 4 steps an epoch, 15 epochs = STEPS; negative conditioning (Eq. 11). holdout 0:
+    # every pair trains (a held-out share would leave fewer steps than the kill at step 50 needs).
+    est = TEVI(**{"hidden": 8, "conditioning": "negative", "epochs": 15, "batch_size": 16, "lr": 1e-2, "holdout": 0,
+                  **cfg},
                out_dir=out_dir)
     return est.fit(x, t, sae=sae, checkpoint_every=EVERY, resume=resume)
 
