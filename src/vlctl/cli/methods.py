@@ -283,6 +283,14 @@ def _open_cluster_source(path: str, data: str | None):
     set's directory (or `--data` does), whose memory-mapped images must be the ones embedded.
     """
     store = _open(path, need_texts=False)
+    kind, images = store_images(store, path, data)
+    return _finite(path, store.image_emb), store.encoder_id, kind, images
+
+
+def store_images(store, path: str, data: str | None):
+    """(kind, image of rows `ids` or None) of a store: "files" (its rows name image files),
+    "generated" (the generated set it names, or `data`; checked to be the one embedded) or
+    "embeddings" (no images). `vlctl cluster` and `vlctl inspect sae` draw their sheets from it."""
     images, kind = None, "embeddings"
     if "path" in store.metadata([0])[0]:
         images, kind = (lambda ids: [m.get("path", "") for m in store.metadata(ids)]), "files"
@@ -294,7 +302,7 @@ def _open_cluster_source(path: str, data: str | None):
             raise VlctlError(f"{source.name}: not the data the store {path} was embedded from (data id "
                              f"{source.data_id!r}, the store records {store.info.get('data_id')!r})")
         images, kind = (lambda ids: [source.array[i] for i in ids]), "generated"
-    return _finite(path, store.image_emb), store.encoder_id, kind, images
+    return kind, images
 
 
 def cluster(args: argparse.Namespace) -> dict:
