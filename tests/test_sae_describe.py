@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import torch
 from PIL import Image
 from sklearn.metrics import roc_auc_score
 
@@ -228,3 +229,47 @@ def test_inspect_sae_bad_input_is_one_line_exit_2(world, capsys, tmp_path):
         rc, out, err = _run([*base, *extra], capsys)
         assert rc == 2 and out == "" and says in err and len(err.strip().splitlines()) == 1, err
         assert "Traceback" not in err
+
+
+# --- TEVI explained with the names --------------------------------------------------------------------
+
+
+def test_kept_and_dropped_by_hand():
+    from vlctl.methods.tevi.explain import explain_line, kept_and_dropped
+
+    code = torch.tensor([0.0, 2.0, 0.5, 1.0])
+    mask = torch.tensor([1.0, 0.9, 0.1, 0.5])  # latent 0 is inactive: neither kept nor dropped
+    got = kept_and_dropped(code, mask, ["a", "b", "c", "d"])
+    assert [r["latent"] for r in got["kept"]] == [1, 3] and [r["latent"] for r in got["dropped"]] == [2]
+    assert got["dropped"][0] == {"latent": 2, "name": "c", "value": 0.5, "mask": pytest.approx(0.1)}
+    assert explain_line(got) == "kept: b 2.00 (m 0.90), d 1.00 (m 0.50); dropped: c 0.50 (m 0.10)"
+
+
+def test_search_and_score_tevi_explain(world, capsys, tmp_path):
+    from vlctl.methods.tevi.estimator import TEVI
+    from vlctl.methods.tevi.explain import kept_and_dropped
+
+    root, store, sae = world
+    image_emb, text_emb = store.pairs()
+    tevi = TEVI(hidden=16, epochs=2, batch_size=12, holdout=0.0).fit(image_emb, text_emb, sae=sae,
+                                                                     encoder_id=store.encoder_id)
+    tevi.save(tmp_path / "tevi")
+    rc, res, err = _run(["search", str(root / "store"), "--text", "red - large", "--rerank", f"tevi:{tmp_path / 'tevi'}",
+                         "-k", "3", "--explain", "--json"], capsys)
+    assert rc == 0, err
+    names = ["red", "green", "blue"]  # the CG-SAE's latents, named as inspect names them (test above)
+    mask = tevi.masks(load_encoder(store.encoder_spec).embed_texts(["red - large"]))[0]
+    codes = sae.encode(store.vectors([h["id"] for h in res["hits"]]))  # one batch, as the command encodes them
+    assert [h["explain"] for h in res["hits"]] == json.loads(json.dumps([kept_and_dropped(c, mask, names)
+                                                                         for c in codes]))
+    rc, _, err = _run(["search", str(root / "store"), "--text", "red", "--explain"], capsys)
+    assert rc == 2 and "--explain goes with --text and --rerank" in err
+    rc, res, err = _run(["score", "tevi", "--store", str(root / "store"), "--tevi", str(tmp_path / "tevi"), "--out",
+                         str(tmp_path / "s.npz"), "--explain", "2", "--json"], capsys)
+    assert rc == 0, err
+    assert [e["caption"] for e in res["explain"]] == [0, 1] and res["explain"][0]["text"] == "red - large"
+    scores = np.load(tmp_path / "s.npz")["scores"]
+    assert [e["image"] for e in res["explain"]] == scores[:, :2].argmax(0).tolist()
+    rc, out, _ = _run(["score", "tevi", "--store", str(root / "store"), "--tevi", str(tmp_path / "tevi"), "--out",
+                       str(tmp_path / "s2.npz"), "--explain", "1"], capsys)
+    assert rc == 0 and "caption 0 'red - large' -> image" in out and "kept:" in out

@@ -121,6 +121,18 @@ def score_tevi(args: argparse.Namespace) -> dict:
     result["recall_clip"] = recall_at_k(base, image_of_text)
     result["recall_tevi" + ("_rerank" if args.rerank else "")] = {
         k: v for k, v in recall_at_k(scores, image_of_text).items() if k.startswith("t2i") or not args.rerank}
+    if args.explain:  # issue 46: each of the first N captions' top image, its latents the mask kept and dropped
+        from vlctl.cli.inspect import explain_results
+        from vlctl.methods.tevi.explain import explain_line
+
+        q = np.arange(min(args.explain, txt.shape[0]))
+        top = scores[:, q].argmax(0)
+        texts = store.texts
+        result["explain"] = [{"caption": int(j), "text": texts[j], "image": int(i), **e[0]}
+                             for j, i, e in zip(q, top, explain_results(args.tevi, store, txt[q], top[:, None]))]
+        if not args.json:
+            for e in result.pop("explain"):
+                print(f"caption {e['caption']} {e['text']!r} -> image {e['image']}: {explain_line(e)}")
     if args.rerank:
         result.update(tevi.fusion(args.alpha))
         if not args.json:  # the one line of held-out figures; --json has them as fields
@@ -170,6 +182,8 @@ def score_tevi_args(p: argparse.ArgumentParser) -> None:
                    "alpha*CLIP + (1-alpha)*TEVI instead of scoring all pairs by TEVI (scores then rank-encode the "
                    f"reranked order; 1..{MAX_K}, 0 = off)")
     alpha_arg(p, "--rerank")
+    p.add_argument("--explain", type=int_arg(0, MAX_K), default=0, help="for the first N captions, the top image's "
+                   "latents the caption's mask kept and dropped, named with the store's vocabulary (default: 0, none)")
 
 
 _NOT_LABELS = ("path", "relpath", "captions", "row", "key", "shard", "split")  # row fields that are no attribute

@@ -449,3 +449,13 @@ def active_names(model, x: np.ndarray, latent_names: Sequence[str | None] | None
     order = np.argsort(-codes.values, kind="stable")
     return [{"latent": int(codes.latents[i]), "value": float(codes.values[i]),
              "name": None if latent_names is None else latent_names[codes.latents[i]]} for i in order]
+
+
+def decoder_names(model, store, encoder=None, vocabulary: Sequence[str] = (), min_count: int = 2,
+                  max_vocabulary: int = 5000) -> list[str]:
+    """Each latent's top name (`nearest_names`) from the store's vocabulary, without encoding its
+    images: what `--explain` prints beside a latent."""
+    names, _ = store_vocabulary(store, vocabulary, min_count, max_vocabulary)
+    names, name_emb, _ = embed_names(store_encoder(store, encoder), names)
+    idx, _ = nearest_names(model.W_D.detach().numpy(), name_emb, 1)
+    return [names[i] for i in idx[:, 0]]
