@@ -66,16 +66,3 @@ def inspect_sae_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=SEED, default=0, help="seed of the shuffled-decoder control (default: 0)")
 
 
-
-def explain_results(tevi_dir: str, store, text_emb, ids, encoder=None) -> list[list[dict]]:
-    """For query q (a row of the text embeddings (Q, d)) and each store row of ids[q], the latents
-    of that image the query's mask kept and dropped, named with the store's vocabulary
-    (`vlctl.methods.tevi.explain`): `search --explain` and `score tevi --explain`."""
-    from vlctl.methods.sae.describe import decoder_names
-    from vlctl.methods.tevi.estimator import TEVI
-    from vlctl.methods.tevi.explain import kept_and_dropped
-
-    tevi = TEVI.load(tevi_dir, encoder_id=store.encoder_id)
-    names = decoder_names(tevi.sae_.model_, store, encoder)
-    masks = tevi.masks(text_emb)
-    return [[kept_and_dropped(c, m, names) for c in tevi.sae_.encode(store.vectors(row))] for m, row in zip(masks, ids)]

@@ -122,14 +122,13 @@ def score_tevi(args: argparse.Namespace) -> dict:
     result["recall_tevi" + ("_rerank" if args.rerank else "")] = {
         k: v for k, v in recall_at_k(scores, image_of_text).items() if k.startswith("t2i") or not args.rerank}
     if args.explain:  # issue 46: each of the first N captions' top image, its latents the mask kept and dropped
-        from vlctl.cli.inspect import explain_results
-        from vlctl.methods.tevi.explain import explain_line
+        from vlctl.methods.tevi.explain import explain_line, explain_results
 
         q = np.arange(min(args.explain, txt.shape[0]))
         top = scores[:, q].argmax(0)
         texts = store.texts
         result["explain"] = [{"caption": int(j), "text": texts[j], "image": int(i), **e[0]}
-                             for j, i, e in zip(q, top, explain_results(args.tevi, store, txt[q], top[:, None]))]
+                             for j, i, e in zip(q, top, explain_results(tevi, store, txt[q], top[:, None]))]
         if not args.json:
             for e in result.pop("explain"):
                 print(f"caption {e['caption']} {e['text']!r} -> image {e['image']}: {explain_line(e)}")

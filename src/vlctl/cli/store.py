@@ -156,12 +156,14 @@ def search(args: argparse.Namespace) -> dict:
                 query = {"image": args.image}
     hits = [{"rank": r + 1, **h} for r, h in enumerate(result.hits(store)[0])]
     if args.explain:  # issue 46: the named latents the caption's mask kept and dropped, per hit
-        from vlctl.cli.inspect import explain_results
+        from vlctl.methods.tevi.estimator import TEVI
+        from vlctl.methods.tevi.explain import explain_results
 
         if not (args.rerank and args.text is not None):
             raise VlctlError("--explain goes with --text and --rerank tevi:DIR (it explains TEVI's mask)")
         hits = [h for h in hits if h["id"] >= 0]
-        [expl] = explain_results(args.rerank, store, encoder.embed_texts([args.text]), [[h["id"] for h in hits]], encoder)
+        tevi = TEVI.load(args.rerank, encoder_id=store.encoder_id)
+        [expl] = explain_results(tevi, store, encoder.embed_texts([args.text]), [[h["id"] for h in hits]], encoder)
         for h, e in zip(hits, expl):
             h["explain"] = e
     if args.json:
