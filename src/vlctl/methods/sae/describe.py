@@ -36,6 +36,7 @@ import scipy.sparse as sp
 import torch
 
 from vlctl.fsops import VlctlError
+from vlctl.methods.base import as_tensor
 
 NEGATIONS = frozenset({"no", "not", "without", "non", "never", "nor"})
 # Function words a phrase may not start or end with ("the dog" is "dog"); a phrase may start with a
@@ -193,7 +194,7 @@ def encode_codes(model, chunks: Iterable[np.ndarray], n_rows: int, step: Callabl
     rows, lats, vals = [], [], []
     start = 0
     for x in chunks:
-        top = model.pre_activation(torch.as_tensor(np.asarray(x, dtype=np.float32))).topk(model.cfg.k, dim=1)
+        top = model.pre_activation(as_tensor(np.asarray(x, dtype=np.float32))).topk(model.cfg.k, dim=1)
         v = top.values.numpy()
         r, c = np.nonzero(v > 0)
         rows.append(r.astype(np.int64) + start)
