@@ -25,6 +25,7 @@ it name it (issue 46). The pieces, each a pure function over arrays:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections import Counter
@@ -424,7 +425,7 @@ def describe_store(model, encoder_id: str, store, vocabulary: Sequence[str] = ()
     """`describe_codes` over a store: its image rows streamed through the SAE `model` (fitted on
     `encoder_id`), named with the store's vocabulary (`store_vocabulary`, plus `vocabulary`) embedded
     by its encoder, checked against its captions."""
-    from vlctl.progress import progress_bar
+    from vlctl.progress import heartbeat, progress_bar
 
     store.check_encoder(encoder_id)
     if store.image_emb is None:
@@ -435,10 +436,12 @@ def describe_store(model, encoder_id: str, store, vocabulary: Sequence[str] = ()
     n = len(store)
     with progress_bar(total=n, desc="inspect sae: encoding images", unit="img", disable=not progress) as bar:
         codes = encode_codes(model, store.images_table.chunks(chunk_rows(int(model.W_D.shape[0]))), n, bar.update)
-    positives = None
-    if store.texts:
-        positives = mention_matrix(store.texts, store.image_of_text(), names, n)
-    desc = describe_codes(codes, model.W_D.detach().numpy(), names, name_emb, positives, k, n_names, shuffle_seed)
+    # The rest has no counter of its own: a line every 30 s says it is running.
+    with heartbeat("inspect sae: names, top images and AUCs") if progress else contextlib.nullcontext():
+        positives = None
+        if store.texts:
+            positives = mention_matrix(store.texts, store.image_of_text(), names, n)
+        desc = describe_codes(codes, model.W_D.detach().numpy(), names, name_emb, positives, k, n_names, shuffle_seed)
     desc.summary.update(vocabulary_source=source, vocabulary_dropped=dropped)
     return desc
 
