@@ -82,6 +82,7 @@ def base_argv(paths: dict) -> dict[str, list[str]]:
         "fit tree": ["--encoder", D, "--data", D, "--out", OUT],
         "score tevi": ["--store", D, "--tevi", D, "--out", OUTF],
         "cluster": [D, "--controlembed", D, "--attribute", "color"],
+        "inspect sae": ["--store", D, "--sae", D, "--out", OUT, "--vocabulary", F],
         "explain": ["--encoder", "tiny:x", IMG, "red", "blue", "--out", OUT],
         "tree": ["a red car"],
         "eval retrieval": ["--encoder", "tiny:x", "--dataset", "coco", "--root", D, "--annotations", F],

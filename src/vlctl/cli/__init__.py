@@ -33,6 +33,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("fit controlembed", "methods:fit_controlembed", "fit the ControlEmbed hypernetwork on a store's labelled embeddings"),
     ("fit tree", "methods:fit_tree", "LoRA fine-tuning of a TinyCLIP with the 3VL tree loss (or contrastive / negclip)"),
     ("score tevi", "methods:score_tevi", "TEVI scores of every stored image against every stored caption"),
+    ("inspect sae", "inspect:inspect_sae", "name every latent of a fitted SAE with text, show its top images, check the names"),
     ("cluster", "methods:cluster", "cluster a store by one attribute (ControlEmbed) and draw a contact sheet per cluster"),
     ("explain", "explain:explain", "HilaCAM / Anchor / DiRe relevancy overlays of one image and its text(s) (3VL)"),
     ("tree", "explain:tree", "print the 3VL caption tree (levels and one-word hard negatives) of a caption"),
@@ -48,6 +49,7 @@ GROUPS = {
     "fit": "fit a method on stored embeddings",
     "score": "score stored embeddings with a fitted method",
     "eval": "evaluate an encoder on a benchmark",
+    "inspect": "see what a fitted model learned",
 }
 
 

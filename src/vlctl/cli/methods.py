@@ -121,6 +121,17 @@ def score_tevi(args: argparse.Namespace) -> dict:
     result["recall_clip"] = recall_at_k(base, image_of_text)
     result["recall_tevi" + ("_rerank" if args.rerank else "")] = {
         k: v for k, v in recall_at_k(scores, image_of_text).items() if k.startswith("t2i") or not args.rerank}
+    if args.explain:  # issue 46: each of the first N captions' top image, its latents the mask kept and dropped
+        from vlctl.methods.tevi.explain import explain_line, explain_results
+
+        q = np.arange(min(args.explain, txt.shape[0]))
+        top = scores[:, q].argmax(0)
+        texts = store.texts
+        result["explain"] = [{"caption": int(j), "text": texts[j], "image": int(i), **e[0]}
+                             for j, i, e in zip(q, top, explain_results(tevi, store, txt[q], top[:, None]))]
+        if not args.json:
+            for e in result.pop("explain"):
+                print(f"caption {e['caption']} {e['text']!r} -> image {e['image']}: {explain_line(e)}")
     if args.rerank:
         result.update(tevi.fusion(args.alpha))
         if not args.json:  # the one line of held-out figures; --json has them as fields
@@ -170,6 +181,8 @@ def score_tevi_args(p: argparse.ArgumentParser) -> None:
                    "alpha*CLIP + (1-alpha)*TEVI instead of scoring all pairs by TEVI (scores then rank-encode the "
                    f"reranked order; 1..{MAX_K}, 0 = off)")
     alpha_arg(p, "--rerank")
+    p.add_argument("--explain", type=int_arg(0, MAX_K), default=0, help="for the first N captions, the top image's "
+                   "latents the caption's mask kept and dropped, named with the store's vocabulary (default: 0, none)")
 
 
 _NOT_LABELS = ("path", "relpath", "captions", "row", "key", "shard", "split")  # row fields that are no attribute
@@ -283,6 +296,14 @@ def _open_cluster_source(path: str, data: str | None):
     set's directory (or `--data` does), whose memory-mapped images must be the ones embedded.
     """
     store = _open(path, need_texts=False)
+    kind, images = store_images(store, path, data)
+    return _finite(path, store.image_emb), store.encoder_id, kind, images
+
+
+def store_images(store, path: str, data: str | None):
+    """(kind, image of rows `ids` or None) of a store: "files" (its rows name image files),
+    "generated" (the generated set it names, or `data`; checked to be the one embedded) or
+    "embeddings" (no images). `vlctl cluster` and `vlctl inspect sae` draw their sheets from it."""
     images, kind = None, "embeddings"
     if "path" in store.metadata([0])[0]:
         images, kind = (lambda ids: [m.get("path", "") for m in store.metadata(ids)]), "files"
@@ -294,7 +315,7 @@ def _open_cluster_source(path: str, data: str | None):
             raise VlctlError(f"{source.name}: not the data the store {path} was embedded from (data id "
                              f"{source.data_id!r}, the store records {store.info.get('data_id')!r})")
         images, kind = (lambda ids: [source.array[i] for i in ids]), "generated"
-    return _finite(path, store.image_emb), store.encoder_id, kind, images
+    return kind, images
 
 
 def cluster(args: argparse.Namespace) -> dict:

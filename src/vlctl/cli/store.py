@@ -155,10 +155,25 @@ def search(args: argparse.Namespace) -> dict:
                 result = store.search_images(encoder, torch.as_tensor(x)[None], k=args.k)
                 query = {"image": args.image}
     hits = [{"rank": r + 1, **h} for r, h in enumerate(result.hits(store)[0])]
+    if args.explain:  # issue 46: the named latents the caption's mask kept and dropped, per hit
+        from vlctl.methods.tevi.estimator import TEVI
+        from vlctl.methods.tevi.explain import explain_results
+
+        if not (args.rerank and args.text is not None):
+            raise VlctlError("--explain goes with --text and --rerank tevi:DIR (it explains TEVI's mask)")
+        hits = [h for h in hits if h["id"] >= 0]
+        tevi = TEVI.load(args.rerank, encoder_id=store.encoder_id)
+        [expl] = explain_results(tevi, store, encoder.embed_texts([args.text]), [[h["id"] for h in hits]], encoder)
+        for h, e in zip(hits, expl):
+            h["explain"] = e
     if args.json:
         return {"store": str(store.path), "encoder_id": store.encoder_id, "query": query, "hits": hits}
     for h in hits:
         print(f"{h['rank']:>4}  {h['score']:.4f}  {h.get('path', h['id'])}")
+        if "explain" in h:
+            from vlctl.methods.tevi.explain import explain_line
+
+            print(f"      {explain_line(h['explain'])}")
     return {}
 
 
@@ -235,6 +250,8 @@ def search_args(p: argparse.ArgumentParser) -> None:
     alpha_arg(p, "--rerank")
     p.add_argument("--rerank-candidates", type=int_arg(1, MAX_K), default=100,
                    help=f"candidates the reranker sees (default: 100; at most {MAX_K})")
+    p.add_argument("--explain", action="store_true", help="with --rerank tevi:DIR: under each hit, the image's "
+                   "latents the caption's mask kept and dropped, named with the store's vocabulary")
     p.add_argument("-k", type=int_arg(1, MAX_K), default=10, help=f"number of results (default: 10; at most {MAX_K})")
     p.add_argument("--encoder", default=None, type=text_arg("spec"),
                    help=spec_help + " (default: the one recorded in the store)")

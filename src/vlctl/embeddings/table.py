@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import mmap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,13 @@ class Table:
         if not self._arrays:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.concatenate([np.asarray(a) for a in self._arrays])
+
+    def chunks(self, rows: int) -> Iterator[np.ndarray]:
+        """Every row in order, as blocks of at most `rows` (views of the memory maps; a block never
+        spans two shards), so a pass over a large table holds one block in memory."""
+        for arr in self._arrays:
+            for a in range(0, len(arr), rows):
+                yield arr[a:a + rows]
 
     def _metadata_shard(self, s: int) -> tuple[mmap.mmap, np.ndarray]:
         """Shard s's jsonl, memory-mapped, and its line offsets (rows + 1,): row i is

@@ -504,6 +504,57 @@ class SparseAutoencoder(Estimator):
         model = self._check_fitted()
         return model.decode(model.encode(self._input(x, model)))
 
+    # -- what the latents mean (vlctl.methods.sae.describe; `vlctl inspect sae`)
+
+    def describe(self, store: Any, vocabulary: Any = None, k: int = 16, *, n_names: int = 5, encoder: Any = None,
+                 as_frame: bool | None = None):
+        """Every latent named with text and shown with its top images: one dict per latent (latent,
+        live, frequency, mean_activation, names [{name, cosine, margin, auc}], top_images,
+        top_values), as `vlctl inspect sae` writes latents.jsonl; a pandas DataFrame when pandas is
+        installed (as_frame=None) or as_frame=True.
+
+        store: a vlctl store of this SAE's encoder; its images are encoded in chunks, its captions
+        give the vocabulary and the AUC check. vocabulary: more names (a list, or a file with one a
+        line). encoder: the store's encoder (default: rebuilt from the store's spec). Sets
+        `latent_names_` (each latent's top name) and `description_` (rows and summary, with the
+        shuffled-decoder control), which `latents_of` reads."""
+        from vlctl.methods.sae.describe import describe_store, read_vocabulary, store_encoder
+
+        model = self._check_fitted()
+        extra = read_vocabulary(vocabulary) if isinstance(vocabulary, (str, Path)) else list(vocabulary or ())
+        encoder = store_encoder(store, encoder)
+        desc = describe_store(model, self.encoder_id_, store, extra, encoder, k, n_names,
+                              progress=self.progress)
+        self.description_, self._encoder = desc, encoder
+        self.latent_names_ = [r["names"][0]["name"] if r["names"] else None for r in desc.rows]
+        if as_frame is False:
+            return desc.rows
+        try:
+            import pandas as pd
+        except ImportError:
+            if as_frame:
+                raise VlctlError("describe(as_frame=True) needs pandas (pip install pandas)") from None
+            return desc.rows
+        return pd.DataFrame(desc.rows)
+
+    def latents_of(self, image: Any) -> list[dict]:
+        """The latents active in one image, largest first: [{latent, value, name}]. `image` is an
+        embedding (d,) of this SAE's encoder, or an image (file path, PIL image, uint8 array)
+        embedded by the encoder of the last `describe`; names are those `describe` gave (None
+        before it)."""
+        from vlctl.methods.sae.describe import active_names
+
+        model = self._check_fitted()
+        if isinstance(image, (np.ndarray, torch.Tensor)) and image.ndim == 1:  # an embedding; images are 2-D or 3-D
+            x = self._input(image[None], model)[0].numpy()
+        else:
+            encoder = getattr(self, "_encoder", None)
+            if encoder is None:
+                raise VlctlError("latents_of: pass an embedding (d,), or call describe(store) first so the SAE has "
+                                 "its store's encoder to embed an image with")
+            x = encoder.embed_images([image])[0]
+        return active_names(model, x, getattr(self, "latent_names_", None))
+
     # -- files (vlctl.artifacts): config.json + sae.safetensors (the module's state dict)
 
     def _artifact_state(self):

@@ -1,0 +1,124 @@
+"""Issue 46, Deliver 4: are the names `vlctl inspect sae` gives an SAE's latents right, where the truth
+is known? On MAD's test set (5000 images, the quick MAD CLIP), for the CG-SAE (one latent per
+attribute value) and the learned TopK SAE of the tevi-mad recipe.
+
+For each live latent: its top name (the nearest caption phrase to its decoder row, as the command
+gives it) against the attribute value it fires for, from MAD's labels: the value whose label-AUC
+(ROC AUC of the latent's activation for "the image has value v", `eval.editing.concept_auc_matrix`)
+is highest. Reported: the share of live latents whose top name is that value, and the share whose
+top name is any value it fires for (label-AUC >= 0.8), beside the control: the names of a shuffled
+decoder (each live latent named by another live latent's row, `describe.shuffled_rows`, seed 0),
+scored the same way. For the CG-SAE also: how many latents are named with their own value, and
+their own value's label-AUC and caption-AUC (the command's check: images whose caption mentions the
+name against the rest; a MAD caption names 3 of the 5 non-digit attributes, so an image can have the
+value without its caption saying so).
+
+    vlctl reproduce tevi-mad --quick --out RUN     # stages data-test, embed, sae, cg-sae are what is read
+    python experiments/inspect_sae_mad.py RUN [--out experiments/inspect_sae_mad.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from vlctl.cli import main as vlctl_main
+from vlctl.data.mad import CATEGORIES, VALUES, load_mad
+from vlctl.embeddings.store import open_store
+from vlctl.eval.editing import concept_auc_matrix
+from vlctl.methods.sae.describe import (
+    embed_names,
+    nearest_names,
+    normalise,
+    shuffled_rows,
+    store_encoder,
+    store_vocabulary,
+)
+from vlctl.methods.sae.model import SparseAutoencoder
+
+CONCEPTS = [v for c in CATEGORIES for v in VALUES[c]]  # the CG-SAE's latent order
+FIRES = 80.0  # label-AUC (percent) from which a latent "fires for" a value
+
+
+def _stage(run: Path, name: str) -> Path:
+    [d] = [p for p in (run / "stages").glob(f"{name}-" + "?" * 12) if p.is_dir() and not p.name.endswith(".partial")]
+    return d
+
+
+def _share(names: list[str], best: list[str], fires: list[set[str]]) -> dict:
+    return {"top_name_is_best_value": float(np.mean([n == b for n, b in zip(names, best)])),
+            "top_name_is_a_value_it_fires_for": float(np.mean([n in f for n, f in zip(names, fires)]))}
+
+
+def measure(run: Path, variant: str, stage: str, work: Path) -> dict:
+    store_dir = next((_stage(run, "embed") / "cache").iterdir())
+    data = _stage(run, "data-test") / "test"
+    sae_dir = _stage(run, stage) / "sae"
+    out = work / f"inspect-{variant}"
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):  # the command's summary: read back from summary.json
+        rc = vlctl_main(["inspect", "sae", "--store", str(store_dir), "--sae", str(sae_dir), "--out", str(out),
+                         "--data", str(data), "--overwrite", "--json"])
+    seconds = time.perf_counter() - t0
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    rows = [json.loads(ln) for ln in (out / "latents.jsonl").read_text().splitlines()]
+    labels = load_mad(data)["labels"]
+    present = np.array([[str(lab[c]) == v for c in CATEGORIES for v in VALUES[c]] for lab in labels])
+    store = open_store(store_dir)
+    sae = SparseAutoencoder.load(sae_dir, encoder_id=store.encoder_id)
+    z = sae.encode(np.asarray(store.image_emb)).numpy()
+    live = np.flatnonzero((z > 0).any(0))
+    label_auc = concept_auc_matrix(z[:, live], present)  # (live, 26) percent
+    best = [CONCEPTS[j] for j in label_auc.argmax(1)]
+    fires = [{CONCEPTS[j] for j in np.flatnonzero(a >= FIRES)} for a in label_auc]
+    top = [normalise(rows[r]["names"][0]["name"]) for r in live]
+    # the control: each live latent named by another live latent's decoder row
+    names, _ = store_vocabulary(store)
+    names, name_emb, _ = embed_names(store_encoder(store), names)
+    perm = shuffled_rows(z.shape[1], (z > 0).any(0), seed=0)
+    ctrl_idx, _ = nearest_names(sae.model_.W_D.detach().numpy()[perm[live]], name_emb, 1)
+    ctrl = [normalise(names[i]) for i in ctrl_idx[:, 0]]
+    result = {"variant": variant, "sae": str(sae_dir), "seconds": round(seconds, 2), "n_images": len(labels),
+              "n_latents": int(z.shape[1]), "live": len(live), "vocabulary": summary["vocabulary"],
+              "names": _share(top, best, fires), "shuffled_decoder_names": _share(ctrl, best, fires),
+              "caption_auc_check": summary["top_name"], "caption_auc_check_shuffled": summary["shuffled_decoder"],
+              "latents": [{"latent": int(r), "top_name": t, "best_value": b, "best_label_auc": float(a.max()) / 100,
+                           "caption_auc": rows[r]["names"][0]["auc"], "fires_for": sorted(f)}
+                          for r, t, b, a, f in zip(live, top, best, label_auc, fires)]}
+    if variant == "cg":
+        own = [CONCEPTS[r] for r in live]
+        own_label_auc = [label_auc[i, CONCEPTS.index(o)] / 100 for i, o in enumerate(own)]
+        result["cg"] = {
+            "named_with_own_value": int(sum(t == o for t, o in zip(top, own))),
+            "own_label_auc_ge_0.95": int(sum(a >= 0.95 for a in own_label_auc)),
+            "own_caption_auc_ge_0.95": int(sum((rows[r]["names"][0]["auc"] or 0) >= 0.95 for r in live)),
+            "own_label_auc": dict(zip(own, (round(a, 4) for a in own_label_auc)))}
+    return result
+
+
+def run(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run", type=Path, help="the output directory of `vlctl reproduce tevi-mad --quick`")
+    p.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
+    p.add_argument("--work", type=Path, default=None, help="where the inspect outputs go (default: RUN/inspect)")
+    args = p.parse_args(argv)
+    work = args.work or args.run / "inspect"
+    results = {"command": "python experiments/inspect_sae_mad.py RUN (RUN: vlctl reproduce tevi-mad --quick)",
+               "fires_for_label_auc": FIRES / 100,
+               "variants": [measure(args.run, "cg", "cg-sae", work), measure(args.run, "learned", "sae", work)]}
+    args.out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    for v in results["variants"]:
+        print(v["variant"], "live", v["live"], "names", v["names"], "control", v["shuffled_decoder_names"],
+              v.get("cg", {}).get("named_with_own_value"), v.get("cg", {}).get("own_label_auc_ge_0.95"))
+    return results
+
+
+if __name__ == "__main__":
+    run()
