@@ -50,8 +50,12 @@ def test_holdout_split_is_by_image_and_seeded():
     other, _ = holdout_split(img.numpy(), 0.1, seed=8)
     assert np.array_equal(again, train) and not np.array_equal(other, train)
     assert len(holdout_split(img.numpy(), 0.0, 7)[1]) == 0
-    with pytest.raises(VlctlError, match="holdout 0.01: 50 distinct images give 0 held-out images"):
-        holdout_split(img.numpy(), 0.01, 7)
+    # too few images to hold 2 out: every pair trains, with a warning, and the rerank stays CLIP's
+    with pytest.warns(UserWarning, match="holdout 0.01: 50 distinct images give 0 to hold out"):
+        train, held = holdout_split(img.numpy(), 0.01, 7)
+    assert len(train) == len(img) and len(held) == 0
+    with pytest.raises(VlctlError, match="holdout 0.99: 50 distinct images give 50 held-out images and none"):
+        holdout_split(img.numpy(), 0.99, 7)
 
 
 def test_fit_never_sees_the_held_out_pairs(sae, tmp_path, monkeypatch):

@@ -15,6 +15,8 @@ starting from α = 1 (`choose_alpha`). `fusion_note` is the one line every fused
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -37,9 +39,14 @@ def holdout_split(image_emb: np.ndarray, share: float, seed: int) -> tuple[np.nd
     image = image.reshape(-1)
     n_images = int(image.max()) + 1
     n_held = round(share * n_images)
-    if not 2 <= n_held < n_images:  # R@1 over one image is 100 whatever the scores
-        raise VlctlError(f"holdout {share}: {n_images} distinct images give {n_held} held-out images; measuring "
-                         "retrieval needs at least 2 and one left to train on (holdout 0 trains on every pair)")
+    if n_held < 2:  # R@1 over one image is 100 whatever the scores: nothing to choose alpha by
+        warnings.warn(f"holdout {share}: {n_images} distinct images give {n_held} to hold out, and measuring "
+                      "retrieval needs at least 2: every pair trains, and the rerank is CLIP's ranking unless "
+                      "alpha is given", UserWarning, stacklevel=2)
+        return np.arange(len(image_emb)), np.zeros(0, dtype=np.int64)
+    if n_held >= n_images:
+        raise VlctlError(f"holdout {share}: {n_images} distinct images give {n_held} held-out images and none to "
+                         "train on; give a smaller share (holdout 0 trains on every pair)")
     held = np.isin(image, np.random.default_rng(seed).permutation(n_images)[:n_held])
     return np.flatnonzero(~held), np.flatnonzero(held)
 
@@ -104,8 +111,8 @@ def fusion_note(alpha: float, figures: dict | None, how: str) -> str:
 
     if alpha == 1:
         if figures is None:
-            return (f"TEVI: no held-out figures (fitted with holdout 0 or by an older vlctl), α = 1{said}: this is "
-                    "CLIP's ranking (--alpha below 1 mixes TEVI's score in)")
+            return (f"TEVI: no held-out figures (fitted with holdout 0, on too few images to hold 2 out, or by an "
+                    f"older vlctl), α = 1{said}: this is CLIP's ranking (--alpha below 1 mixes TEVI's score in)")
         why = "TEVI did not beat CLIP at any α < 1" if how == "chosen" else f"α = 1{said}"
         return f"TEVI-rerank on held-out pairs: {versus(figures['tevi_rerank'])}; {why}: this is CLIP's ranking"
     if measured is None:
