@@ -26,7 +26,7 @@ paper's free per-latent mask) and the random-start 26-latent SAE (`random_readin
 reading of "keep them learnable"), each with the leakage and retrieval controls, and a fused rerank
 for the learned SAE and the CG-SAE. The full preset fine-tunes the text tower beside the mask at
 1e-6 (`text_finetune`); --quick leaves it frozen: one fine-tuned mask fit took 100 s on the shared
-2 cores against about 30 s frozen, and the five fits would take make demo past 10 minutes (the
+2 cores against 12 s frozen, and the five fits would take make demo past 10 minutes (the
 diagnosis measured fine-tuning moving no figure by more than 2.5 points: docs/findings.md).
 
 Figures, arrays/README.md and report.md: vlctl.recipes.tevi.mad_report.
