@@ -1,9 +1,10 @@
 """Recipe `tevi-mad`: TEVI's controlled experiments on MAD (docs/methods.md §1; paper Tables A1/A2).
 
 Stages: mad-clip's data -> train -> embed (shared: the same CLIP, found in a shared stage cache)
--> embed-train (training images and captions) -> sae (learned TopK SAE) and cg-sae (CLIP-guided,
-one fixed latent per attribute value) -> tevi-learned / tevi-cg (the caption-conditioned mask
-over each) -> sae-sweep (K x expansion) -> evaluate -> report.
+-> embed-train (training images and captions) -> sae (learned TopK SAE), cg-sae (CLIP-guided,
+one fixed latent per attribute value) and sae-random (`random_reading`) -> tevi-learned / tevi-cg
+/ tevi-random (the caption-conditioned mask over each) -> tevi-learned-fused / tevi-cg-fused (the
+mask again, images held out for the fusion weight) -> sae-sweep (K x expansion) -> evaluate -> report.
 
 Reported, for both SAE variants as the paper does: conditioning effectiveness (accuracy of the
 original embeddings, of edited embeddings when the caption names the category and when it does
@@ -17,7 +18,19 @@ the caption, in every variant's summary. `cg_group_mask` trains the CG-SAE's mas
 category (the presets' choice, measured on held-out training pairs: experiments/tevi_levers.py);
 `n_seeds` > 1 refits SAE and mask per seed and reports Tables A1/A2 as mean +- std.
 
-Figures, arrays/README.md and report.md: vlctl.recipes.tevi.mad_report.
+Presets (tevi-mad.json, issue 41): the paper's configuration is the default and the headline. The
+learned SAE is 26 latents whose decoder starts at the values' normalised centred text embeddings and
+is trained (`sae_init=concepts`), under the paper's mask and schedule (hidden 256, plain sigmoid, no
+floor, AdamW 1e-2, 25 epochs with 5 of warmup, Eq. 10); beside it the CG-SAE (Table A1's proof, the
+paper's free per-latent mask) and the random-start 26-latent SAE (`random_reading`: the other
+reading of "keep them learnable"), each with the leakage and retrieval controls, and a fused rerank
+for the learned SAE and the CG-SAE. The full preset fine-tunes the text tower beside the mask at
+1e-6 (`text_finetune`); --quick leaves it frozen: one fine-tuned mask fit took 100 s on the shared
+2 cores against 12 s frozen, and the five fits would take make demo past 10 minutes (the
+diagnosis measured fine-tuning moving no figure by more than 2.5 points: docs/findings.md).
+
+Figures, arrays/README.md and report.md: vlctl.recipes.tevi.mad_report; the SAEs' own probes
+(FVU, purity, CG-SAE R1/R2): vlctl.recipes.tevi.mad_sae.
 """
 
 from __future__ import annotations
@@ -32,7 +45,6 @@ from vlctl.config import config_from_dict, config_to_dict, opt
 from vlctl.data.mad import CATEGORIES, VALUES, load_mad
 from vlctl.eval import metrics
 from vlctl.eval.editing import (
-    concept_auc_matrix,
     conditioning_accuracy,
     latent_purity,
     leakage_accuracy,
@@ -50,10 +62,11 @@ from vlctl.recipes.tevi.mad_report import (
     _figures,
     _report,
 )
+from vlctl.recipes.tevi.mad_sae import _cg_probe, _nanmean, _present, _sae_stats
 from vlctl.threads import torch_threads
 
-VARIANTS = ("learned", "cg")
-CONCEPT_NAMES = [f"{c}={v}" for c in CATEGORIES for v in VALUES[c]]
+VARIANTS = ("learned", "cg")  # the headline can be either; "random" is a reported reading beside them
+FUSED = ("learned", "cg")  # the variants whose mask is fitted again with held-out images for the fused rerank
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,10 +108,13 @@ class TeviMadRecipe:
                               "test captions and class texts are then embedded by the fine-tuned tower", added=True)
     text_lr: float = opt(1e-6, "learning rate of the fine-tuned text tower (the paper, MAD: 1e-6)", ge=0, le=10,
                          added=True)
+    random_reading: bool = opt(False, "also fit and report variant 'random': a learned SAE with as many latents as "
+                               "concepts (26), randomly started, under the same mask (the other reading of the "
+                               "paper's 'keep them learnable')", added=True)
     sae_resample_every: int = opt(0, "learned SAE: re-initialise dead latents every this many steps (0: never)",
                                   ge=0, le=10**9)
-    headline: str = opt("cg", "the variant whose numbers fill results.conditioning and arrays/conditioning.npz",
-                        choices=VARIANTS)
+    headline: str = opt("cg", "the variant whose numbers fill results.conditioning and arrays/conditioning.npz "
+                        "(the presets: learned, the paper's method)", choices=VARIANTS)
     rerank_k: int = opt(100, "TEVI-rerank: re-score CLIP's top k", ge=1, le=10**6)
     fusion_holdout: float = opt(0.1, "the fused rerank's learned-SAE mask (stage tevi-learned-fused) holds out this "
                                 "share of the training images; its fusion weight alpha is chosen on their pairs",
@@ -117,6 +133,12 @@ class TeviMadRecipe:
     def __post_init__(self):
         if self.headline not in VARIANTS:
             raise ValueError(f"headline must be one of {VARIANTS}, got {self.headline!r}")
+
+
+def fitted_variants(cfg: TeviMadRecipe) -> tuple[str, ...]:
+    """The variants a run fits and reports: the learned SAE, the CG-SAE and, with `random_reading`,
+    the random-start SAE."""
+    return (*VARIANTS, "random") if cfg.random_reading else VARIANTS
 
 
 def load_preset(quick: bool) -> TeviMadRecipe:
@@ -172,6 +194,9 @@ def _fit_sae(cfg: TeviMadRecipe, variant: str, x: np.ndarray, concepts: np.ndarr
               "dead_after": 20 * len(x) // 30}
     if variant == "cg":
         sae = SparseAutoencoder.from_concepts(concepts, k=cfg.cg_k, aux_k=0, epochs=cfg.cg_epochs, **common)
+    elif variant == "random":  # as many latents as concepts, random start: the other reading
+        sae = SparseAutoencoder(k=cfg.sae_k, d_latent=len(concepts), aux_k=cfg.sae_aux_k, epochs=cfg.sae_epochs,
+                                resample_every=cfg.sae_resample_every, **common)
     elif cfg.sae_init == "concepts" and expansion is None:  # the sweep's SAEs stay random-started
         sae = SparseAutoencoder.from_concepts(concepts, fixed=False, k=k or cfg.sae_k, aux_k=cfg.sae_aux_k,
                                               epochs=epochs or cfg.sae_epochs, resample_every=cfg.sae_resample_every,
@@ -229,16 +254,6 @@ def _sweep(cfg: TeviMadRecipe, train: dict, test_img: np.ndarray, test_emb, img_
                          "purity_mean": _nanmean(purity), "purity": [None if np.isnan(p) else float(p) for p in purity],
                          "zero_shot_rec": zs})
     atomic_write_json(work / "sweep.json", rows)
-
-
-def _present(vals: np.ndarray) -> np.ndarray:
-    """(N, 26) bool: image has concept (category, value), CATEGORIES x VALUES order."""
-    return np.concatenate([vals[:, [ci]] == np.arange(len(VALUES[c]))[None] for ci, c in enumerate(CATEGORIES)], axis=1)
-
-
-def _nanmean(x) -> float | None:
-    x = np.asarray(x, dtype=np.float64)
-    return float(np.nanmean(x)) if np.isfinite(x).any() else None
 
 
 # --- evaluation --------------------------------------------------------------------------------
@@ -367,11 +382,11 @@ def _order_recall(order_t2i: np.ndarray, order_i2t: np.ndarray, relevant: np.nda
             **{f"t2i{k}": v for k, v in recall_from_order(order_t2i, relevant).items()}}
 
 
-def _evaluate_fused(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, cap_vals, out: Path,
+def _evaluate_fused(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, cap_vals, out: Path, variant: str,
                     text: tuple | None = None) -> dict:
-    """The fused rerank (issue 41) of the mask fitted with held-out images: on the test set, CLIP,
-    TEVI alone (exhaustive), TEVI-rerank (alpha 0) and the fused rerank at the model's alpha, from
-    the arrays it saves (arrays/retrieval_fused.npz); beside them the model's held-out figures."""
+    """The fused rerank (issue 41) of `variant`'s mask fitted with held-out images: on the test set,
+    CLIP, TEVI alone (exhaustive), TEVI-rerank (alpha 0) and the fused rerank at the model's alpha,
+    from the arrays it saves (arrays/retrieval_fused_<variant>.npz); beside them the model's held-out figures."""
     tevi, test_emb = _load_tevi(tevi_dir, test_emb, text)
     img, txt = test_emb["image_emb"], test_emb["text_emb"]
     base = img @ txt.T
@@ -379,7 +394,7 @@ def _evaluate_fused(cfg: TeviMadRecipe, tevi_dir: Path, test_emb, img_vals, cap_
     orders = {f"{name}_order_{d}": tevi.rerank(base, img, txt, k=cfg.rerank_k, direction=d, alpha=a).order.numpy()
               for name, a in (("rerank", 0.0), ("fused", None)) for d in ("t2i", "i2t")}
     exact = tevi.scores(img, txt).numpy()
-    atomic_save_npz(out / "arrays" / "retrieval_fused.npz", base_scores=base, tevi_scores=exact, **orders,
+    atomic_save_npz(out / "arrays" / f"retrieval_fused_{variant}.npz", base_scores=base, tevi_scores=exact, **orders,
                     image_values=img_vals, caption_values=cap_vals, alpha=np.float64(tevi.alpha_))
     test = {"base": metrics.recall_at_k_relevant(base, relevant), "tevi": metrics.recall_at_k_relevant(exact, relevant),
             **{name: _order_recall(orders[f"{o}_order_t2i"], orders[f"{o}_order_i2t"], relevant)
@@ -413,38 +428,6 @@ def _mean_std(runs: list[dict]) -> dict:
                      "leakage": {c: {k: r["leakage"][c][k] for k in ("follows_image", "follows_caption")}
                                  for c in r["leakage"]},
                      "retrieval": {k: r["retrieval"]["tevi"][k] for k in ("i2t@1", "t2i@1")}} for r in runs])
-
-
-def _cg_probe(cg_sae_dir: Path, test_emb, img_vals, out: Path) -> tuple[dict, np.ndarray, np.ndarray]:
-    """R1 (concept AUCs) and R2 (ablate the thickthinning latents, re-classify everything)."""
-    from vlctl.methods.sae.model import SparseAutoencoder
-
-    sae = SparseAutoencoder.load(cg_sae_dir)
-    img = test_emb["image_emb"]
-    z = sae.encode(img)
-    present = np.concatenate([img_vals[:, [ci]] == np.arange(len(VALUES[c]))[None] for ci, c in enumerate(CATEGORIES)],
-                             axis=1)  # (N, 26)
-    auc = concept_auc_matrix(z.numpy(), present)
-    thick = [i for i, (c, _) in enumerate((c, v) for c in CATEGORIES for v in VALUES[c]) if c == "thickthinning"]
-    z_ablate = z.clone()
-    z_ablate[:, thick] = 0
-    rec = sae.decode(z).numpy()
-    rec_ablated = sae.decode(z_ablate).numpy()
-    zs = {name: {c: metrics.zero_shot_accuracy(e, test_emb[f"text_{c}"], img_vals[:, ci]) for ci, c in enumerate(CATEGORIES)}
-          for name, e in (("original", img), ("reconstructed", rec), ("ablated", rec_ablated))}
-    atomic_save_npz(out / "arrays" / "cg_sae.npz", latents=z.numpy(), concept_present=present, auc=auc,
-                    concepts=np.array([f"{c}={v}" for c in CATEGORIES for v in VALUES[c]]),
-                    reconstructed_emb=rec, ablated_emb=rec_ablated, thickthinning_latents=np.array(thick),
-                    **{f"text_{c}": test_emb[f"text_{c}"] for c in CATEGORIES},
-                    **{f"label_{c}": img_vals[:, ci] for ci, c in enumerate(CATEGORIES)})
-    result = {
-        "auc_own_mean": float(np.mean(np.diag(auc))) / 100.0,
-        "auc_own": np.diag(auc).tolist(),
-        "zero_shot": zs,
-        "ablation_thickthinning": zs["ablated"],
-        "fvu": float(fraction_variance_unexplained(img, rec)),
-    }
-    return result, auc, z.numpy()
 
 
 def shipped_stage_keys(cfg: TeviMadRecipe, stages: Path | None = None, **_: object) -> dict[str, dict]:
@@ -495,27 +478,31 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: TeviMadRecipe 
     if cfg.contradicting_batches:  # reads the training images' labels (generates that split if need be)
         partners = contradicting_partners(data.train_values()["caption_values"], cfg.seed)
     seeds = [cfg.seed + i for i in range(cfg.n_seeds)]
+    fitted = fitted_variants(cfg)
+    random_key = {**{k: v for k, v in sae_key.items() if k not in ("init", "concepts", "expansion")},
+                  "init": "random", "n_latents": len(concepts)}
     sae_dirs, tevi_dirs = {}, {}  # (variant, seed) -> stage dir
     for s in seeds:
         # The primary seed's stages keep their names (scripts find them with find_stage); others get -seed<s>.
         tag = "" if s == cfg.seed else f"-seed{s}"
-        keys = {"learned": {**sae_key, "seed": s}, "cg": {**cg_key, "seed": s}}
-        sae_dirs["learned", s] = runner.stage(f"sae{tag}", keys["learned"], lambda w, s=s: _fit_sae(
-            cfg, "learned", train["image_emb"], concepts, encoder_id, w, seed=s))
-        sae_dirs["cg", s] = runner.stage(f"cg-sae{tag}", keys["cg"], lambda w, s=s: _fit_sae(
-            cfg, "cg", train["image_emb"], concepts, encoder_id, w, seed=s))
-        for v in VARIANTS:
+        keys = {"learned": {**sae_key, "seed": s}, "cg": {**cg_key, "seed": s}, "random": {**random_key, "seed": s}}
+        for v in fitted:
+            sae_dirs[v, s] = runner.stage({"learned": "sae", "cg": "cg-sae", "random": "sae-random"}[v] + tag, keys[v],
+                                          lambda w, v=v, s=s: _fit_sae(cfg, v, train["image_emb"], concepts,
+                                                                       encoder_id, w, seed=s))
+        for v in fitted:
             groups = {"cg_group_mask": True} if v == "cg" and cfg.cg_group_mask else {}
             tevi_dirs[v, s] = runner.stage(
                 f"tevi-{v}{tag}", {"sae": keys[v], **mask_key, "seed": s, **groups},
                 lambda w, v=v, s=s: _fit_tevi(cfg, sae_dirs[v, s] / "sae", train, w, v, partners, s,
                                               text=_copy(fit_text)))
-    # Issue 41: the learned-SAE mask again, `fusion_holdout` of the training images held out and
-    # its fusion weight chosen on their pairs (the stages above keep every pair: their numbers stand).
-    fused_dir = runner.stage(
-        "tevi-learned-fused", {"sae": sae_key, **mask_key, "holdout": cfg.fusion_holdout},
-        lambda w: _fit_tevi(cfg, sae_dirs["learned", cfg.seed] / "sae", train, w, "learned", partners,
-                            holdout=cfg.fusion_holdout, text=_copy(fit_text)))
+    # Issue 41: the learned-SAE and CG-SAE masks again, `fusion_holdout` of the training images held
+    # out and the fusion weight chosen on their pairs (the stages above keep every pair: their numbers stand).
+    fused_dirs = {v: runner.stage(
+        f"tevi-{v}-fused", {"sae": {"learned": sae_key, "cg": cg_key}[v], **mask_key, "holdout": cfg.fusion_holdout,
+                            **({"cg_group_mask": True} if v == "cg" and cfg.cg_group_mask else {})},
+        lambda w, v=v: _fit_tevi(cfg, sae_dirs[v, cfg.seed] / "sae", train, w, v, partners,
+                                 holdout=cfg.fusion_holdout, text=_copy(fit_text))) for v in FUSED}
     sweep_key = {"clip": train_key, "k": list(cfg.sweep_k), "expansion": list(cfg.sweep_expansion),
                  "epochs": cfg.sweep_epochs, "aux_k": cfg.sae_aux_k, "lr": cfg.sae_lr, "seed": cfg.seed,
                  "purity": f"train[:{N_PURITY}]",
@@ -527,27 +514,18 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: TeviMadRecipe 
     # Evaluate.
     t_eval = time.perf_counter()
     variants = {v: _evaluate_variant(cfg, tevi_dirs[v, cfg.seed] / "tevi", test_emb, img_vals, cap_vals, out, v,
-                                     text=eval_text) for v in VARIANTS}
+                                     text=eval_text) for v in fitted}
     per_seed = {v: [variants[v]] + [_evaluate_variant(cfg, tevi_dirs[v, s] / "tevi", test_emb, img_vals, cap_vals, out,
                                                       v, seed=s, text=eval_text) for s in seeds[1:]]
-                for v in VARIANTS}
-    seeds_summary = {v: {"seeds": seeds, **_mean_std(per_seed[v])} for v in VARIANTS}
-    fused = _evaluate_fused(cfg, fused_dir / "tevi", test_emb, img_vals, cap_vals, out, text=eval_text)
-    sae_dirs = {v: sae_dirs[v, cfg.seed] for v in VARIANTS}
+                for v in fitted}
+    seeds_summary = {v: {"seeds": seeds, **_mean_std(per_seed[v])} for v in fitted}
+    fused = {v: _evaluate_fused(cfg, fused_dirs[v] / "tevi", test_emb, img_vals, cap_vals, out, v, text=eval_text)
+             for v in FUSED}
+    sae_dirs = {v: sae_dirs[v, cfg.seed] for v in fitted}
     cg, auc, cg_latents = _cg_probe(sae_dirs["cg"] / "sae", test_emb, img_vals, out)
-    from vlctl.methods.sae.model import SparseAutoencoder
-
-    sae = SparseAutoencoder.load(sae_dirs["learned"] / "sae")
-    rec = sae.reconstruct(test_emb["image_emb"]).numpy()
-    purity, best = latent_purity(sae.encode(train["image_emb"][:N_PURITY]).numpy(), _present(train_vals))
-    sae_stats = {"fvu": float(fraction_variance_unexplained(test_emb["image_emb"], rec)), "dead_latents": sae.n_dead_,
-                 "n_latents": sae.config_.n_latents, "k": sae.config_.k,
-                 "dead_fraction": sae.n_dead_ / sae.config_.n_latents, "purity_mean": _nanmean(purity),
-                 "purity": [None if np.isnan(p) else float(p) for p in purity],
-                 "purity_concept": [None if b < 0 else CONCEPT_NAMES[b] for b in best],
-                 "zero_shot_rec": {c: metrics.zero_shot_accuracy(rec, test_emb[f"text_{c}"], img_vals[:, ci])
-                                   for ci, c in enumerate(CATEGORIES)}}
-    cos = {v: variants[v].pop("_cos") for v in VARIANTS}
+    sae_stats = {v: _sae_stats(sae_dirs[v] / "sae", train, test_emb, img_vals, train_vals)
+                 for v in fitted if v != "cg"}
+    cos = {v: variants[v].pop("_cos") for v in fitted}
     head = variants[cfg.headline]
     _figures(out, cos, auc, cg_latents, data.test)
     atomic_write_text(out / "arrays" / "README.md", ARRAYS_README)
@@ -570,7 +548,8 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: TeviMadRecipe 
         "fused": fused,
         "seeds": seeds_summary,
         "cg_sae": cg,
-        "sae": sae_stats,
+        "sae": sae_stats["learned"],
+        **({"sae_random": sae_stats["random"]} if "random" in sae_stats else {}),
         "sae_sweep": read_json(sweep_dir / "sweep.json"),
         "paper_conditioning": PAPER_CONDITIONING,
         "timings": {**runner.timings, "total_seconds": time.perf_counter() - t_start},
