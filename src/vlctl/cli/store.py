@@ -18,7 +18,6 @@ from vlctl.cli.output import add_output_args
 from vlctl.config import add_config_args, config_from_args
 from vlctl.io import VlctlError
 
-_SHOWN_FAILURES = 10
 _INDEX_PREFIX = "index-"  # IndexConfig fields become --index-kind, --index-nlist, ...
 
 
@@ -52,7 +51,8 @@ def _embed_into_store(args: argparse.Namespace, default_kind: str) -> dict:
         device = str(init_distributed("cuda" if args.device.startswith("cuda") else "cpu").device)
     encoder = create(args.encoder, device=device, precision=args.precision, batch_size=extract.batch_size)
     store, report = embed_source(encoder, source, args.out, index_config, extract,
-                                 encoder_spec=getattr(encoder, "spec", args.encoder), progress=not args.no_progress)
+                                 encoder_spec=getattr(encoder, "spec", args.encoder), progress=not args.no_progress,
+                                 strict=args.strict)
     destroy_distributed()  # only on success: after a failure on one rank a barrier would wait forever
     if store is None:  # a torchrun rank other than 0; rank 0 reports
         return report
@@ -63,14 +63,8 @@ def _embed_into_store(args: argparse.Namespace, default_kind: str) -> dict:
         "missing_annotated_images": source.missing,
         **report,
     }
-    if not args.json:
-        for path, reason in report["failures"][:_SHOWN_FAILURES]:
-            print(f"[vlctl] skipped {reason}", file=sys.stderr)
-        if report["failed"] > _SHOWN_FAILURES:
-            print(
-                f"[vlctl] ... and {report['failed'] - _SHOWN_FAILURES} more skipped (--json lists all)", file=sys.stderr
-            )
-        report = {k: v for k, v in report.items() if k not in ("failures", "missing_annotated_images")}
+    if not args.json:  # the failures and notes are listed at the end (vlctl.cli.listing)
+        report = {k: v for k, v in report.items() if k != "missing_annotated_images"}
     return report
 
 
@@ -164,7 +158,7 @@ def _spec_help() -> str:
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
-    from vlctl.cli.args import device_arg, in_path, out_path, source_arg, text_arg
+    from vlctl.cli.args import device_arg, in_path, out_path, source_arg, strict_arg, text_arg
     from vlctl.embeddings.extract import ExtractConfig
     from vlctl.embeddings.store import IndexConfig
 
@@ -198,6 +192,7 @@ def _source_args(p: argparse.ArgumentParser) -> None:
         help="autocast precision on the device (default: fp32)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    strict_arg(p)
     add_config_args(p, ExtractConfig)
     add_config_args(p, IndexConfig, prefix=_INDEX_PREFIX)
 
