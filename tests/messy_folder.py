@@ -93,7 +93,7 @@ def make_messy_folder(root: Path) -> MessyFolder:
     coffee = rgb["coffee"].resize((240, 160))
     add("twins/coffee_rgb.png", "coffee", coffee)
     twins[add("twins/coffee_cmyk.jpg", "coffee", coffee.convert("CMYK"), quality=95)] = "twins/coffee_rgb.png"
-    page1, page2 = rgb["rocket"].resize((160, 224)), rgb["coins"].resize((160, 224))
+    page1, page2 = rgb["rocket"].resize((96, 128)), rgb["coins"].resize((96, 128))
     add("twins/rocket_page1.png", "rocket", page1)
     twins[add("twins/pages.tif", "rocket", page1, save_all=True, append_images=[page2])] = "twins/rocket_page1.png"
     frame1 = rgb["astronaut"].resize((128, 128)).quantize(256)
