@@ -80,6 +80,8 @@ class Pairs:
     captions / image_of_caption: (n_captions,) each caption and the index of its image.
     missing: image paths not found (not audited); looked_in: where they were looked for.
     scenes: True for a generated scenes set (the 3vl-scenes generator is used).
+    skipped: [path, reason] of a folder's files that look like images but are not read
+    (`vlctl.data.source.ImageSource.skipped`), listed with the unreadable images.
     """
 
     name: str
@@ -90,6 +92,7 @@ class Pairs:
     missing: list[str]
     looked_in: str
     scenes: bool = False
+    skipped: list = dataclasses.field(default_factory=list)
 
     @property
     def n_images(self) -> int:
@@ -139,7 +142,36 @@ def load_pairs(path: str | Path, images: str | Path | None = None) -> Pairs:
     looked = str(path.resolve().parent if path.is_file() else path.resolve())
     return Pairs(str(path), list(src.files) if src.files is not None else None, src.array, caps,
                  np.asarray(owner, dtype=np.int64), list(src.missing), looked,
-                 scenes=src.kind == "generated" and str(src.data_id or "").startswith("scenes-"))
+                 scenes=src.kind == "generated" and str(src.data_id or "").startswith("scenes-"),
+                 skipped=[list(f) for f in src.skipped])
+
+
+def drop_unreadable(pairs: Pairs, strict: bool = False) -> tuple[Pairs, list[list[str]]]:
+    """The pairs less the images that cannot be read, and [path, reason] of each of those (the
+    skip-and-list policy, `vlctl.cli.listing`): every image is decoded once by the one reader
+    before any work, so a broken file neither stops the audit late nor counts as a wrong answer.
+    With `strict`, the first unreadable image is an error instead."""
+    from vlctl.images import ImageDecodeError, read_image
+
+    if pairs.images is None:  # a generated set's array: nothing to decode
+        return pairs, []
+    if strict and pairs.skipped:
+        raise VlctlError(f"{pairs.skipped[0][1]} (--strict stops at an unreadable image)")
+    failures, bad = [list(f) for f in pairs.skipped], set()
+    for i, path in enumerate(pairs.images):
+        try:
+            read_image(path)
+        except ImageDecodeError as e:
+            if strict:
+                raise VlctlError(f"{e} (--strict stops at an unreadable image)") from None
+            failures.append([str(path), str(e)])
+            bad.add(i)
+    if not bad:
+        return pairs, failures
+    keep = np.flatnonzero([int(i) not in bad for i in pairs.image_of_caption])
+    if not len(keep):
+        raise VlctlError(f"{pairs.name}: none of its {pairs.n_images} images can be read (the first: {failures[0][1]})")
+    return subset(pairs, keep), failures
 
 
 def subset(pairs: Pairs, caption_idx: np.ndarray) -> Pairs:
@@ -329,9 +361,11 @@ def retrieval_r1(encoder: Any, pairs: Pairs, image_emb: np.ndarray, batch_size: 
 # --- the command -----------------------------------------------------------------------------------
 
 
-def run_audit(encoder: Any, pairs: Pairs, out: str | Path, cfg: AuditConfig, blocks: Any = "all") -> dict:
+def run_audit(encoder: Any, pairs: Pairs, out: str | Path, cfg: AuditConfig, blocks: Any = "all",
+              failures: Sequence[Sequence[str]] = ()) -> dict:
     """Audit `pairs` with `encoder`, write OUT/report.md, report.html, items.jsonl, arrays.npz,
-    summary.json and the worst items' maps under OUT/worst/; with cfg.repair also OUT/repair/."""
+    summary.json and the worst items' maps under OUT/worst/; with cfg.repair also OUT/repair/.
+    `failures`: [path, reason] of the images skipped as unreadable (`drop_unreadable`), reported."""
     from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text
 
     out = Path(out)
@@ -363,6 +397,7 @@ def run_audit(encoder: Any, pairs: Pairs, out: str | Path, cfg: AuditConfig, blo
         "pairs": pairs.name, "encoder": getattr(encoder, "id", None), "encoder_spec": getattr(encoder, "spec", None),
         "captions": len(audited.captions), "images": audited.n_images, "captions_in_source": n_all,
         "missing_images": len(pairs.missing), "looked_in": pairs.looked_in, "missing_examples": pairs.missing[:10],
+        "failed": len(failures), "failures": [list(f) for f in failures],
         "refused_captions": res["refused"], "items": len(items),
         "accuracy": res["overall"][0], "accuracy_ci95": list(res["overall"][1:]),
         "groups": res["groups"], "worst": worst, "repair": repair,
@@ -373,7 +408,8 @@ def run_audit(encoder: Any, pairs: Pairs, out: str | Path, cfg: AuditConfig, blo
     atomic_write_json(out / "summary.json", summary)
     _report(summary).write(out)
     return {"out": str(out), "items": len(items), "accuracy": round(res["overall"][0], 2),
-            "missing_images": len(pairs.missing), "seconds": summary["seconds"]["total"],
+            "missing_images": len(pairs.missing), "failed": len(failures), "failures": summary["failures"],
+            "seconds": summary["seconds"]["total"],
             **({"repair": repair["verdict"]} if repair else {})}
 
 
@@ -500,6 +536,9 @@ def _report(s: dict):
              f"({s['items']} positive/negative items from 3VL caption trees). An item is correct when the image is "
              "closer to the level's positive than to its one-word negative; intervals are bootstrap 95% over "
              f"captions ({s['config']['n_boot']} resamples). Chance is 50%.")
+    if s.get("failed"):
+        rep.text(f"{s['failed']} unreadable files were skipped (listed with their reasons in summary.json): "
+                 + ", ".join(Path(p).name for p, _ in s["failures"][:10]) + ("..." if s["failed"] > 10 else "") + ".")
     if s["missing_images"]:
         rep.text(f"**{s['missing_images']} images were not found** under {s['looked_in']} and were not audited "
                  f"(first: {', '.join(s['missing_examples'][:5])}).")
