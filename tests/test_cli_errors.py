@@ -171,3 +171,16 @@ def test_a_long_user_value_is_not_echoed_whole():
     line = _one_line(VlctlError(f"caption {caption!r} is too long\nsecond line"))
     assert len(line) < 400 and "(49999 characters)" in line and "\n" not in line and line.endswith("second line")
     assert len(_one_line(VlctlError("x" * 100_000))) < 2100
+
+
+@pytest.mark.parametrize(("command", "kind"), [("embed", "none"), ("index", "flat")])
+def test_help_states_the_index_kind_the_command_writes(capsys, command, kind):
+    """Issue 43: `embed --help` said --index-kind defaults to flat, but embed writes `index: none`."""
+    from vlctl.cli.store import EMBED_KIND, INDEX_KIND
+
+    assert main([command, "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(approximate, for large stores) (default: {kind};" in text
+    assert {"embed": EMBED_KIND, "index": INDEX_KIND}[command] == kind
+    assert main(["search", "--help"]) == 0
+    assert "made by `vlctl embed` or `vlctl index`" in " ".join(capsys.readouterr().out.split())

@@ -69,11 +69,11 @@ def _embed_into_store(args: argparse.Namespace, default_kind: str) -> dict:
 
 
 def embed(args: argparse.Namespace) -> dict:
-    return _embed_into_store(args, "none")
+    return _embed_into_store(args, EMBED_KIND)
 
 
 def index(args: argparse.Namespace) -> dict:
-    return _embed_into_store(args, "flat")
+    return _embed_into_store(args, INDEX_KIND)
 
 
 def _load_query_embedding(path: str):
@@ -95,10 +95,24 @@ def _load_query_embedding(path: str):
 
 
 def _tevi_reranker(path: str, store):
-    """The TEVI directory of `--rerank tevi:DIR` -> a Reranker (refused unless fitted on the store's encoder)."""
+    """The TEVI directory of `--rerank tevi:DIR` -> a Reranker (refused unless fitted on the store's encoder).
+    Without precomputed gallery codes it encodes only the candidates' rows: one query needs no more."""
     from vlctl.methods.tevi import TEVI
 
-    return TEVI.load(path, encoder_id=store.encoder_id).store_reranker()
+    return TEVI.load(path, encoder_id=store.encoder_id).gallery_reranker()
+
+
+def _check_query_flags(args: argparse.Namespace) -> None:
+    """Refuse a flag the query kind would ignore: the hits would silently equal a plain search.
+    ControlEmbed's attribute map moves an image embedding (its query mode), so --attribute goes
+    with --image; TEVI re-scores a caption's candidates, so --rerank goes with --text."""
+    if args.attribute is not None and args.image is None:
+        raise VlctlError("--attribute goes with --image: ControlEmbed maps an image query by an attribute (a text "
+                         "or embedding query has no such map); drop --attribute, or query by --image")
+    if args.controlembed is not None and args.attribute is None:
+        raise VlctlError("--controlembed is used only with --attribute NAME (and --image); add --attribute")
+    if args.rerank is not None and args.text is None:
+        raise VlctlError("--rerank goes with --text: TEVI re-scores a caption's candidates; drop --rerank")
 
 
 def search(args: argparse.Namespace) -> dict:
@@ -109,6 +123,7 @@ def search(args: argparse.Namespace) -> dict:
     from vlctl.encoders import create
     from vlctl.images import read_image
 
+    _check_query_flags(args)
     store = open_store(args.store)
     if args.embedding is not None:  # a raw query vector: no encoder needed
         result = store.search(_load_query_embedding(args.embedding), k=args.k)
@@ -157,7 +172,7 @@ def _spec_help() -> str:
     return "encoder spec: " + " | ".join(SPEC_FORMS)
 
 
-def _source_args(p: argparse.ArgumentParser) -> None:
+def _source_args(p: argparse.ArgumentParser, default_kind: str) -> None:
     from vlctl.cli.args import device_arg, in_path, out_path, source_arg, strict_arg, text_arg
     from vlctl.embeddings.extract import ExtractConfig
     from vlctl.embeddings.store import IndexConfig
@@ -194,22 +209,27 @@ def _source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     strict_arg(p)
     add_config_args(p, ExtractConfig)
-    add_config_args(p, IndexConfig, prefix=_INDEX_PREFIX)
+    add_config_args(p, IndexConfig, prefix=_INDEX_PREFIX, defaults={"kind": default_kind})
+
+
+# The index kind each command writes by default (its help says so): `embed` exact numpy search,
+# `index` a FAISS index.
+EMBED_KIND, INDEX_KIND = "none", "flat"
 
 
 def embed_args(p: argparse.ArgumentParser) -> None:
-    _source_args(p)
+    _source_args(p, EMBED_KIND)
 
 
 def index_args(p: argparse.ArgumentParser) -> None:
-    _source_args(p)
+    _source_args(p, INDEX_KIND)
 
 
 def search_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import MAX_K, device_arg, in_path, int_arg, text_arg
 
     spec_help = _spec_help()
-    p.add_argument("store", type=in_path("store directory", "dir"), help="store directory (made by `vlctl index`)")
+    p.add_argument("store", type=in_path("store directory", "dir"), help="store directory (made by `vlctl embed` or `vlctl index`)")
     q = p.add_mutually_exclusive_group(required=True)
     q.add_argument("--text", type=text_arg(), help="query text")
     q.add_argument("--image", type=in_path("query image", "file"), help="query image file")
