@@ -177,15 +177,20 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # a usage error (one line, already printed), or --help / --version
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     debug = args.debug or os.environ.get("VLCTL_DEBUG", "") not in ("", "0")
+    from vlctl.cli.interrupt import interrupted_message, out_state
+
+    before: tuple = (None, None)
     try:
         check_paths(args)  # the path flags against the file system, then every config the flags make:
         check_config_args(args)  # both before the command starts any work
+        before = out_state(args)
         result = args.handler(args)
+    except BrokenPipeError:  # the reader of our stdout went away (`| head`): it has what it wanted
+        return _stdout_gone()
     except KeyboardInterrupt:
         if debug:
             raise
-        again = "the same command with --resume" if hasattr(args, "resume") else "the same command"
-        print(f"vlctl: interrupted; finished stages and checkpoints are kept: {again} continues", file=sys.stderr)
+        print(interrupted_message(args, before), file=sys.stderr)
         return 130
     except (VlctlError, OSError, UnicodeDecodeError, ValueError) as e:
         if debug:
@@ -196,11 +201,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0  # under torchrun only rank 0 reports
     from vlctl.cli.listing import print_listed, without_lists
 
-    if getattr(args, "json", False):
-        print(json.dumps(result, indent=2))
-    elif result:
-        for k, v in without_lists(result).items():
-            print(f"{k}: {v}")
+    try:
+        if getattr(args, "json", False):
+            print(json.dumps(result, indent=2))
+        elif result:
+            for k, v in without_lists(result).items():
+                print(f"{k}: {v}")
+            sys.stdout.flush()
+            print_listed(result)
         sys.stdout.flush()
-        print_listed(result)
+    except BrokenPipeError:
+        return _stdout_gone()
+    return 0
+
+
+def _stdout_gone() -> int:
+    """After a write to a closed pipe (`vlctl search ... --json | head -c 10`): no traceback, and
+    none at exit either, when Python flushes stdout again (it now writes to /dev/null). Exit 0: the
+    command did its work, and the reader stopped reading by choice."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
     return 0
