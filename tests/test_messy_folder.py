@@ -110,6 +110,9 @@ def test_every_command_on_the_messy_folder(run, capfd):
     assert [h["id"] for h in reranked["hits"]] == top100[np.argsort(-want, kind="stable")[:10]].tolist()
     vlctl("fit controlembed --store store/ --labels photos/labels.csv --out controlembed/ --steps 30")
     vlctl("search store/ --image 'photos/trips/2019/café au lait.jpg' --attribute subject --controlembed controlembed/ -k 5")
+    # An attribute the model was not trained on: one warning line, not Python's file:line and source.
+    _, err = vlctl("search store/ --image photos/coffee.jpg --attribute color --controlembed controlembed/ -k 2")
+    assert err.startswith("vlctl: warning: attribute 'color' was not trained on") and err.count("\n") == 1, err
     # A flag the query would ignore is refused (the hits equalled a plain text search).
     rc, _, err = _vlctl(root, capfd, "search store/ --text cat --attribute subject --controlembed controlembed/")
     assert rc == 2 and "--attribute goes with --image" in err and len(err.strip().splitlines()) == 1

@@ -180,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     from vlctl.cli.interrupt import interrupted_message, out_state
 
     before: tuple = (None, None)
+    if not debug:
+        import warnings
+
+        warnings.showwarning = _one_line_warning
     try:
         check_paths(args)  # the path flags against the file system, then every config the flags make:
         check_config_args(args)  # both before the command starts any work
@@ -213,6 +217,18 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return _stdout_gone()
     return 0
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning of vlctl's own as the user sees every other message: one line, no source line
+    (`UntrainedAttributeWarning` printed its file, line number and the `warnings.warn` call). Other
+    packages' warnings keep Python's form, which names where they come from."""
+    import warnings
+
+    if f"{os.sep}vlctl{os.sep}" not in str(filename):
+        warnings._showwarnmsg_impl(warnings.WarningMessage(message, category, filename, lineno, file, line))
+        return
+    print(f"vlctl: warning: {_single_line(str(message))}", file=sys.stderr if file is None else file)
 
 
 def _stdout_gone() -> int:
