@@ -128,3 +128,17 @@ def test_every_command_on_the_messy_folder(run, capfd):
     assert sorted(Path(p).name for p, _ in audit["failures"]) == ["empty.jpg", "truncated.jpg"]
     summary = json.loads((root / "audit" / "summary.json").read_text())
     assert summary["images"] == len(messy.images) and summary["failed"] == 2
+
+    # Every form of pairs the help names: a folder with --annotations (a CSV with a BOM and Windows
+    # line endings), the store, a TSV beside the folder, the same TSV moved away with --images.
+    quick = f"audit --encoder {ENCODER} --max-pairs 4 --n-worst 1"
+    folder, _ = vlctl(f"{quick} --pairs photos/ --annotations photos/captions_bom.csv --out audit-folder/")
+    assert sorted(Path(p).name for p, _ in folder["failures"]) == sorted(Path(b).name for b in messy.broken)
+    stored, _ = vlctl(f"{quick} --pairs store/ --out audit-store/")
+    assert stored["failed"] == 0 and stored["items"] > 0
+    vlctl(f"{quick} --pairs captions.tsv --out audit-tsv/")
+    (root / "elsewhere").mkdir()
+    (root / "elsewhere" / "captions.tsv").write_text((root / "captions.tsv").read_text().replace("photos/", ""))
+    rc, _, err = _vlctl(root, capfd, f"{quick} --pairs elsewhere/captions.tsv --out audit-x/")
+    assert rc == 2 and "none of the" in err and "--images DIR" in err
+    vlctl(f"{quick} --pairs elsewhere/captions.tsv --images photos/ --out audit-moved/")

@@ -107,22 +107,16 @@ class Pairs:
         return load_image(self.images[i])
 
 
-def load_pairs(path: str | Path, images: str | Path | None = None) -> Pairs:
-    """The pairs of `path` (module docstring for the forms); `images`: the image root of a COCO
-    Karpathy JSON (default: the JSON's folder)."""
+def load_pairs(path: str | Path, images: str | Path | None = None, annotations: str | Path | None = None) -> Pairs:
+    """The pairs of `path` (module docstring for the forms). `images`: the folder the image paths of
+    a COCO Karpathy JSON or of a CSV / TSV / JSONL table are relative to (default: the file's own
+    folder); `annotations`: the caption table of a folder of images."""
     path = Path(path)
     if not path.exists():
         raise VlctlError(f"{path}: pairs not found (a CSV/TSV/JSONL of image and caption, a folder, a COCO "
                          "Karpathy JSON, a generated set or a store)")
     if path.is_dir() and (path / "manifest.json").is_file():
-        from vlctl.embeddings.store import open_store
-
-        store = open_store(path)
-        source = store.info.get("source")
-        if not source or store.texts is None:
-            raise VlctlError(f"{path}: the store records no source with captions; audit needs the images and "
-                             "captions the store was embedded from")
-        return load_pairs(source, images)
+        return _store_pairs(path, images, annotations)
     if path.is_file() and path.suffix.lower() == ".json":
         from vlctl.data.loaders import load_karpathy
 
@@ -130,20 +124,63 @@ def load_pairs(path: str | Path, images: str | Path | None = None) -> Pairs:
         data = load_karpathy(path, root=root, on_missing="skip")
         return Pairs(str(path), [str(p) for p in data.image_paths()], None, list(data.captions),
                      np.asarray(data.image_of_text, dtype=np.int64), list(data.missing), str(root.resolve()))
-    from vlctl.data.source import open_source
+    from vlctl.data.source import TABLE_SUFFIXES, open_source
 
-    src = open_source(path, on_missing="skip")
+    if images is not None and not (path.is_file() and path.suffix.lower() in TABLE_SUFFIXES):
+        raise VlctlError(f"--images {images}: goes with a COCO Karpathy JSON or a caption table as --pairs "
+                         f"(a folder's images are the folder's own)")
+    if path.is_file() and path.suffix.lower() in TABLE_SUFFIXES and images is not None:
+        from vlctl.data.loaders import load_caption_table
+
+        data = load_caption_table(path, root=images, on_missing="skip")
+        root = Path(images)
+        files = [str(p.resolve()) for p in data.image_paths()]
+        return _pairs_of(str(path), files, None, data.captions_by_image(), list(data.missing), root.resolve())
+    src = open_source(path, annotations, on_missing="skip")
+    looked = path.resolve().parent if path.is_file() else path.resolve()
+    pairs = _pairs_of(str(path), list(src.files) if src.files is not None else None, src.array, src.captions,
+                      list(src.missing), looked, scenes=src.kind == "generated" and
+                      str(src.data_id or "").startswith("scenes-"))
+    pairs.skipped = [list(f) for f in src.skipped]
+    return pairs
+
+
+def _pairs_of(name: str, files: list | None, array: Any, captions: Sequence[Sequence[str]], missing: list[str],
+              looked: Path, scenes: bool = False) -> Pairs:
+    """Pairs from each image's captions; a source with none is an error that says where the
+    images were looked for when that is why."""
     caps, owner = [], []
-    for i, cs in enumerate(src.captions):
+    for i, cs in enumerate(captions):
         caps += list(cs)
         owner += [i] * len(cs)
     if not caps:
-        raise VlctlError(f"{path}: no captions; audit scores each caption against its image")
-    looked = str(path.resolve().parent if path.is_file() else path.resolve())
-    return Pairs(str(path), list(src.files) if src.files is not None else None, src.array, caps,
-                 np.asarray(owner, dtype=np.int64), list(src.missing), looked,
-                 scenes=src.kind == "generated" and str(src.data_id or "").startswith("scenes-"),
-                 skipped=[list(f) for f in src.skipped])
+        if missing:
+            raise VlctlError(f"{name}: none of the {len(missing)} images it names is under {looked} (first: "
+                             f"{missing[0]!r}); name the folder they are relative to with --images DIR")
+        raise VlctlError(f"{name}: no captions; audit scores each caption against its image")
+    return Pairs(name, files, array, caps, np.asarray(owner, dtype=np.int64), missing, str(looked), scenes=scenes)
+
+
+def _store_pairs(path: Path, images: str | Path | None, annotations: str | Path | None) -> Pairs:
+    """The pairs of a store from `vlctl embed`: the images and captions its rows record (the
+    encoder under audit embeds the pixels itself); a generated set's store reads its set again."""
+    from vlctl.embeddings.store import open_store
+
+    if annotations is not None or images is not None:
+        raise VlctlError(f"{path}: a store records its own images and captions; drop --annotations / --images")
+    store = open_store(path)
+    source = store.info.get("source")
+    if source and store.info.get("data_id"):  # a generated set: its pixels are in the set, not in files
+        return load_pairs(source)
+    meta = store.metadata()
+    if not any(m.get("captions") for m in meta):
+        raise VlctlError(f"{path}: the store holds no captions (embed with --annotations naming a caption column, "
+                         "or a caption table); audit scores each caption against its image")
+    files = [m.get("path") for m in meta]
+    missing = [f for f in files if not Path(str(f)).is_file()]
+    keep = [i for i, f in enumerate(files) if f not in missing and meta[i].get("captions")]
+    return _pairs_of(str(path), [files[i] for i in keep], None, [meta[i]["captions"] for i in keep], missing,
+                     path.resolve())
 
 
 def drop_unreadable(pairs: Pairs, strict: bool = False) -> tuple[Pairs, list[list[str]]]:

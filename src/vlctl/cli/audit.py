@@ -17,7 +17,10 @@ def audit_args(p: argparse.ArgumentParser) -> None:
                    help="image-caption pairs: a CSV/TSV/JSONL of image path + caption, a folder with --annotations, "
                    "a COCO Karpathy JSON, a generated set (vlctl data scenes) or a store (vlctl embed)")
     p.add_argument("--images", default=None, type=in_path("image root", "dir"),
-                   help="for a COCO Karpathy JSON: the folder its image paths are under (default: the JSON's folder)")
+                   help="for a COCO Karpathy JSON or a CSV/TSV/JSONL table: the folder its image paths are relative "
+                   "to (default: the file's own folder)")
+    p.add_argument("--annotations", default=None, type=in_path("annotation file", "file"),
+                   help="for a folder of images: a CSV / TSV / JSONL of image path (relative to the folder) and caption")
     p.add_argument("--out", required=True, type=out_path("dir"),
                    help="output directory: report.md, report.html, summary.json, items.jsonl, arrays.npz, worst/")
     p.add_argument("--device", default="cpu", type=device_arg, help="torch device for the encoder (default: cpu)")
@@ -33,6 +36,6 @@ def audit(args: argparse.Namespace) -> dict:
     from vlctl.encoders import create
 
     cfg = config_from_args(AuditConfig, args)
-    pairs, failures = drop_unreadable(load_pairs(args.pairs, args.images), strict=args.strict)
+    pairs, failures = drop_unreadable(load_pairs(args.pairs, args.images, args.annotations), strict=args.strict)
     encoder = create(args.encoder, device=args.device)
     return run_audit(encoder, pairs, args.out, cfg, blocks=_parse_blocks(args.blocks), failures=failures)
