@@ -11,11 +11,16 @@ import pytest
 from vlctl.cli import main
 
 
+def _without_warnings(err: str) -> str:
+    """stderr less vlctl's one-line warnings (e.g. WordNet not installed): what is left is the error."""
+    return "".join(ln for ln in err.splitlines(keepends=True) if not ln.startswith("vlctl: warning: "))
+
+
 def test_os_error_is_one_line_naming_the_file(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     # --out under a regular file: the writer's mkdir fails with NotADirectoryError / FileExistsError.
     rc = main(["tree", "a red car", "--cache", str(tmp_path / "afile" / "cache.json")])
-    err = capsys.readouterr().err
+    err = _without_warnings(capsys.readouterr().err)
     assert rc == 2 and err.count("\n") == 1 and err.startswith("vlctl: error: ") and "afile" in err
     assert "Traceback" not in err
 
@@ -46,6 +51,7 @@ def _run(argv, capsys):
 
 
 def _one_line_error(rc, err, *wants):
+    err = _without_warnings(err)
     assert rc == 2 and err.count("\n") == 1 and err.startswith("vlctl: error: ") and "Traceback" not in err, err
     for want in wants:
         assert want in err, err
@@ -184,3 +190,12 @@ def test_help_states_the_index_kind_the_command_writes(capsys, command, kind):
     assert {"embed": EMBED_KIND, "index": INDEX_KIND}[command] == kind
     assert main(["search", "--help"]) == 0
     assert "made by `vlctl embed` or `vlctl index`" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize(("argv", "see"), [(["search", "store/", "--text", "a", "--bogus"], "vlctl search --help"),
+                                          (["fit", "sae", "--store", "s", "--out", "o", "--bogus", "1"],
+                                           "vlctl fit sae --help")])
+def test_an_unknown_option_points_at_its_commands_help(capsys, argv, see):
+    """Issue 43: an unknown option said "see vlctl --help", not the subcommand's help."""
+    rc, err = _run(argv, capsys)
+    _one_line_error(rc, err, f"unrecognized arguments: {' '.join(argv[argv.index('--bogus'):])} (see {see})")

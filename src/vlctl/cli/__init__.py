@@ -62,6 +62,15 @@ class _Parser(argparse.ArgumentParser):
             message = f"{name} {rest}" if rest.startswith("must ") else f"{name}: {rest}"
         self.exit(2, f"vlctl: error: {_single_line(message)} (see {self.prog} --help)\n")
 
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, except that arguments no parser knows are refused by the command's own
+        parser, so the message points at its help (`vlctl search --help`), not at `vlctl --help`."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            command = getattr(parsed, "_vlctl_parser", None) or self
+            command.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
 
 def build_parser() -> argparse.ArgumentParser:
     from vlctl import __version__
@@ -87,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
         getattr(mod, func + "_args")(p)
         flags = {a.dest: (a.option_strings or [a.metavar or a.dest])[0] for a in p._actions}
-        p.set_defaults(handler=getattr(mod, func), _vlctl_flags=flags)
+        p.set_defaults(handler=getattr(mod, func), _vlctl_flags=flags, _vlctl_parser=p)
     return parser
 
 
