@@ -70,3 +70,12 @@ def test_ctrl_c_in_a_fit_says_nothing_was_written(store, tmp_path, monkeypatch, 
     assert main(["fit", "sae", "--store", str(store / "store"), "--out", str(out), "--d-latent", "16", "--k", "2"]) == 130
     assert capsys.readouterr().err == f"vlctl: interrupted; nothing was written ({out} was not created)\n"
     assert not out.exists()
+
+
+def test_text_output_is_plain_values():
+    """Issue 43: `score tevi` printed Python dicts with 15-digit floats."""
+    from vlctl.cli.listing import plain
+
+    assert plain({"i2t@1": 6.666666666666667, "t2i@10": 36.666666666666664}) == "i2t@1 6.667, t2i@10 36.67"
+    assert plain([30, 30]) == "30, 30" and plain(0.1 + 0.2) == "0.3" and plain(True) == "True"
+    assert plain([{"a": 1.0}, {"b": 2}]) == "a 1; b 2" and plain("x") == "x"

@@ -212,14 +212,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 reports
-    from vlctl.cli.listing import print_listed, without_lists
+    from vlctl.cli.listing import plain, print_listed, without_lists
 
     try:
         if getattr(args, "json", False):
             print(json.dumps(result, indent=2))
         elif result:
             for k, v in without_lists(result).items():
-                print(f"{k}: {v}")
+                print(f"{k}: {plain(v)}")
             sys.stdout.flush()
             print_listed(result)
         sys.stdout.flush()

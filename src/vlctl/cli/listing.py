@@ -27,6 +27,23 @@ def print_listed(result: dict) -> None:
             print(f"  ... and {len(rows) - SHOWN} more (--json lists all)", file=sys.stderr)
 
 
+def plain(value) -> str:
+    """A result's value as the text output shows it (--json keeps every digit): floats to 4
+    significant digits, a dict as `key value, ...`, a list of plain values comma-separated. A
+    `score tevi` result printed Python dicts with 15-digit floats."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {plain(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)) and not any(isinstance(v, (dict, list, tuple)) for v in value):
+        return ", ".join(plain(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return "; ".join(plain(v) for v in value)
+    return str(value)
+
+
 def without_lists(result: dict) -> dict:
     """The result less the lists `print_listed` shows (their counts stay)."""
     return {k: v for k, v in result.items() if k not in ("failures", "notes")}
