@@ -11,11 +11,16 @@ import pytest
 from vlctl.cli import main
 
 
+def _without_warnings(err: str) -> str:
+    """stderr less vlctl's one-line warnings (e.g. WordNet not installed): what is left is the error."""
+    return "".join(ln for ln in err.splitlines(keepends=True) if not ln.startswith("vlctl: warning: "))
+
+
 def test_os_error_is_one_line_naming_the_file(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     # --out under a regular file: the writer's mkdir fails with NotADirectoryError / FileExistsError.
     rc = main(["tree", "a red car", "--cache", str(tmp_path / "afile" / "cache.json")])
-    err = capsys.readouterr().err
+    err = _without_warnings(capsys.readouterr().err)
     assert rc == 2 and err.count("\n") == 1 and err.startswith("vlctl: error: ") and "afile" in err
     assert "Traceback" not in err
 
@@ -46,6 +51,7 @@ def _run(argv, capsys):
 
 
 def _one_line_error(rc, err, *wants):
+    err = _without_warnings(err)
     assert rc == 2 and err.count("\n") == 1 and err.startswith("vlctl: error: ") and "Traceback" not in err, err
     for want in wants:
         assert want in err, err
@@ -172,3 +178,25 @@ def test_a_long_user_value_is_not_echoed_whole():
     line = _one_line(VlctlError(f"caption {caption!r} is too long\nsecond line"))
     assert len(line) < 400 and "(49999 characters)" in line and "\n" not in line and line.endswith("second line")
     assert len(_one_line(VlctlError("x" * 100_000))) < 2100
+
+
+@pytest.mark.parametrize(("command", "kind"), [("embed", "none"), ("index", "flat")])
+def test_help_states_the_index_kind_the_command_writes(capsys, command, kind):
+    """Issue 43: `embed --help` said --index-kind defaults to flat, but embed writes `index: none`."""
+    from vlctl.cli.store import EMBED_KIND, INDEX_KIND
+
+    assert main([command, "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"(approximate, for large stores) (default: {kind};" in text
+    assert {"embed": EMBED_KIND, "index": INDEX_KIND}[command] == kind
+    assert main(["search", "--help"]) == 0
+    assert "made by `vlctl embed` or `vlctl index`" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize(("argv", "see"), [(["search", "store/", "--text", "a", "--bogus"], "vlctl search --help"),
+                                          (["fit", "sae", "--store", "s", "--out", "o", "--bogus", "1"],
+                                           "vlctl fit sae --help")])
+def test_an_unknown_option_points_at_its_commands_help(capsys, argv, see):
+    """Issue 43: an unknown option said "see vlctl --help", not the subcommand's help."""
+    rc, err = _run(argv, capsys)
+    _one_line_error(rc, err, f"unrecognized arguments: {' '.join(argv[argv.index('--bogus'):])} (see {see})")

@@ -218,10 +218,14 @@ def test_resume_needs_out_dir_and_a_checkpoint(tmp_path):
     sae = SparseAutoencoder.load(sae_dir(tmp_path))
     with pytest.raises(VlctlError, match="TEVI.fit: checkpoint_every / resume need out_dir"):
         TEVI(epochs=1).fit(*tevi_data(), sae=sae, checkpoint_every=2)
-    with pytest.raises(VlctlError, match="no checkpoint to resume from"):
-        ce_fit(tmp_path / "nothing", resume=True)
-    with pytest.raises(VlctlError, match="no checkpoint to resume from"):
-        tevi_fit(tmp_path / "nothing", resume=True)
+    # Nothing to resume (killed before the first checkpoint was complete): it starts afresh and says
+    # so, as the recipe runner does (issue 43: it stopped with "no checkpoint to resume from").
+    with pytest.warns(UserWarning, match="no complete checkpoint to resume from .* starting afresh"):
+        fresh = ce_fit(tmp_path / "nothing", resume=True)
+    assert np.array_equal(fresh.transform(ddp_worker.controlembed_data()[0][:4], "color"),
+                          ce_fit(tmp_path / "again").transform(ddp_worker.controlembed_data()[0][:4], "color"))
+    with pytest.warns(UserWarning, match="starting afresh"):
+        tevi_fit(tmp_path / "nothing-tevi", resume=True)
 
 
 # --- the recipes' stages ----------------------------------------------------------------------------

@@ -199,3 +199,24 @@ def test_a_manifest_with_wrong_field_types_is_one_error(tmp_path, edit):
     (path / "manifest.json").write_text(json.dumps(doc))
     with pytest.raises(VlctlError, match=r"manifest\.json: corrupt store manifest, field (texts\.)?(shards|count)"):
         read_manifest(path)
+
+
+def test_verify_reads_a_fitted_model_whole(tmp_path, capsys):
+    """Issue 43: `verify` refused a fitted-model folder. It now reads every tensor of a TEVI and
+    its SAE, and a cut file fails naming itself."""
+    from vlctl.methods.sae.model import SparseAutoencoder
+    from vlctl.methods.tevi.estimator import TEVI
+
+    rng = np.random.default_rng(0)
+    img = rng.normal(size=(40, 16)).astype(np.float32)
+    store = create_store(tmp_path / "store", "enc@0", 16).add(
+        img, [{} for _ in range(40)], texts=img + 0.1, text_metadata=[{"text": f"t{i}", "image": i} for i in range(40)])
+    sae = SparseAutoencoder(d_latent=32, k=4, epochs=1).fit(store)
+    TEVI(epochs=1).fit(store, sae=sae).save(tmp_path / "tevi")
+    assert main(["verify", str(tmp_path / "tevi"), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["kind"] == "fitted model" and got["files"] == 2 and got["ok"] is True
+    mask = tmp_path / "tevi" / "mask.safetensors"
+    mask.write_bytes(mask.read_bytes()[:100])
+    assert main(["verify", str(tmp_path / "tevi")]) == 2
+    assert capsys.readouterr().err.startswith(f"vlctl: error: {mask}: cannot read its tensors")

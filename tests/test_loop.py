@@ -239,9 +239,15 @@ def test_resume_with_mismatched_model_refused(tmp_path):
         fit(tmp_path, model=make_model(hidden=8), resume=True)
 
 
-def test_resume_without_checkpoint_refused(tmp_path):
-    with pytest.raises(VlctlError, match=r"state\.json: no checkpoint"):
-        fit(tmp_path, resume=True)
+def test_resume_without_checkpoint_starts_afresh_and_says_so(tmp_path):
+    """A run killed before its first checkpoint was complete left nothing to resume: resuming it
+    trains from step 0, as a fresh run does, with a warning (the recipe runner's rule; issue 43)."""
+    with pytest.warns(UserWarning, match="no complete checkpoint to resume from .* starting afresh"):
+        model, resumed = fit(tmp_path / "a", resume=True)
+    fresh_model, fresh = fit(tmp_path / "b")
+    assert resumed.steps == fresh.steps
+    for p, q in zip(model.parameters(), fresh_model.parameters()):
+        assert torch.equal(p, q)
 
 
 def test_fresh_run_does_not_overwrite_checkpoint(tmp_path):

@@ -486,9 +486,9 @@ def test_explain_bad_inputs(saved_tiny, tmp_path, capsys):
     Image.new("1", (10_000, 10_000)).save(bomb)  # 100 Mpx in a few kB: refused from the header
     assert main([*base, str(bomb), "red", "--out", str(tmp_path / "o")]) == 2
     assert "bomb.png: 10000 x 10000 = 100000000 pixels exceeds the limit" in capsys.readouterr().err
-    small = _png(tmp_path / "small.png", 3, 3)
-    assert main([*base, str(small), "red", "--out", str(tmp_path / "o")]) == 2
-    assert "image size 3x3 is smaller than one patch (4x4 pixels)" in capsys.readouterr().err
+    small = _png(tmp_path / "small.png", 3, 3)  # smaller than a patch: read as `embed` reads it (issue 43)
+    assert main([*base, str(small), "red", "--out", str(tmp_path / "small"), "--json"]) == 0
+    assert {Path(f).name for f in json.loads(capsys.readouterr().out)["files"]} >= {"hilacam_positive.png"}
     ok = _png(tmp_path / "ok.png", 16, 16)
     assert main([*base, str(ok), "red", "--out", str(tmp_path / "o"), "--blocks", "first"]) == 2
     assert "--blocks must be" in capsys.readouterr().err

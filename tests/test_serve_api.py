@@ -622,3 +622,27 @@ def test_cli_serves_the_store_as_asked(world, monkeypatch, capsys):
     info = c.get("/api/info", headers={"Authorization": "Bearer tok"}).json()
     assert info["collections"][0]["attributes"] == ["color", "size"] and not info["collections"][0]["tevi"]
     assert info["limits"]["max_pixels"] == 5000
+
+
+def test_uploads_read_as_embed_reads_files(client, state, tmp_path):
+    """Issue 43: a TIFF upload was refused as "not an image" though `embed` reads TIFF; an upload
+    goes through the one reader, so a multipage TIFF and an EXIF-rotated JPEG search as their
+    plain twins do."""
+    from messy_folder import make_messy_folder
+
+    messy = make_messy_folder(tmp_path)
+    coll = state.collections["store"]
+
+    def hits(rel):
+        r = client.post("/api/search/upload", files={"file": (Path(rel).name, (messy.photos / rel).read_bytes(),
+                                                              "application/octet-stream")},
+                        data={"collection": "store", "k": "4"})
+        assert r.status_code == 200, r.text
+        return [(h["id"], round(h["score"], 4)) for h in r.json()["hits"]]
+
+    for variant in ("twins/pages.tif", "twins/exif_orientation_6.jpg"):
+        want = coll.store.search(coll.encoder.embed_images([messy.photos / messy.twins[variant]]), k=4)
+        got = hits(variant)
+        assert [i for i, _ in got] == want.ids[0].tolist()
+        if variant.endswith(".tif"):  # lossless: the same pixels, the same scores
+            assert [s for _, s in got] == [round(float(s), 4) for s in want.scores[0]]

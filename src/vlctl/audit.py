@@ -80,6 +80,8 @@ class Pairs:
     captions / image_of_caption: (n_captions,) each caption and the index of its image.
     missing: image paths not found (not audited); looked_in: where they were looked for.
     scenes: True for a generated scenes set (the 3vl-scenes generator is used).
+    skipped: [path, reason] of a folder's files that look like images but are not read
+    (`vlctl.data.source.ImageSource.skipped`), listed with the unreadable images.
     """
 
     name: str
@@ -90,6 +92,7 @@ class Pairs:
     missing: list[str]
     looked_in: str
     scenes: bool = False
+    skipped: list = dataclasses.field(default_factory=list)
 
     @property
     def n_images(self) -> int:
@@ -104,22 +107,16 @@ class Pairs:
         return load_image(self.images[i])
 
 
-def load_pairs(path: str | Path, images: str | Path | None = None) -> Pairs:
-    """The pairs of `path` (module docstring for the forms); `images`: the image root of a COCO
-    Karpathy JSON (default: the JSON's folder)."""
+def load_pairs(path: str | Path, images: str | Path | None = None, annotations: str | Path | None = None) -> Pairs:
+    """The pairs of `path` (module docstring for the forms). `images`: the folder the image paths of
+    a COCO Karpathy JSON or of a CSV / TSV / JSONL table are relative to (default: the file's own
+    folder); `annotations`: the caption table of a folder of images."""
     path = Path(path)
     if not path.exists():
         raise VlctlError(f"{path}: pairs not found (a CSV/TSV/JSONL of image and caption, a folder, a COCO "
                          "Karpathy JSON, a generated set or a store)")
     if path.is_dir() and (path / "manifest.json").is_file():
-        from vlctl.embeddings.store import open_store
-
-        store = open_store(path)
-        source = store.info.get("source")
-        if not source or store.texts is None:
-            raise VlctlError(f"{path}: the store records no source with captions; audit needs the images and "
-                             "captions the store was embedded from")
-        return load_pairs(source, images)
+        return _store_pairs(path, images, annotations)
     if path.is_file() and path.suffix.lower() == ".json":
         from vlctl.data.loaders.retrieval import load_karpathy
 
@@ -127,19 +124,91 @@ def load_pairs(path: str | Path, images: str | Path | None = None) -> Pairs:
         data = load_karpathy(path, root=root, on_missing="skip")
         return Pairs(str(path), [str(p) for p in data.image_paths()], None, list(data.captions),
                      np.asarray(data.image_of_text, dtype=np.int64), list(data.missing), str(root.resolve()))
-    from vlctl.data.source import open_source
+    from vlctl.data.source import TABLE_SUFFIXES, open_source
 
-    src = open_source(path, on_missing="skip")
+    if images is not None and not (path.is_file() and path.suffix.lower() in TABLE_SUFFIXES):
+        raise VlctlError(f"--images {images}: goes with a COCO Karpathy JSON or a caption table as --pairs "
+                         f"(a folder's images are the folder's own)")
+    if path.is_file() and path.suffix.lower() in TABLE_SUFFIXES and images is not None:
+        from vlctl.data.loaders.folder import load_caption_table
+
+        data = load_caption_table(path, root=images, on_missing="skip")
+        root = Path(images)
+        files = [str(p.resolve()) for p in data.image_paths()]
+        return _pairs_of(str(path), files, None, data.captions_by_image(), list(data.missing), root.resolve())
+    src = open_source(path, annotations, on_missing="skip")
+    looked = path.resolve().parent if path.is_file() else path.resolve()
+    pairs = _pairs_of(str(path), list(src.files) if src.files is not None else None, src.array, src.captions,
+                      list(src.missing), looked, scenes=src.kind == "generated" and
+                      str(src.data_id or "").startswith("scenes-"))
+    pairs.skipped = [list(f) for f in src.skipped]
+    return pairs
+
+
+def _pairs_of(name: str, files: list | None, array: Any, captions: Sequence[Sequence[str]], missing: list[str],
+              looked: Path, scenes: bool = False) -> Pairs:
+    """Pairs from each image's captions; a source with none is an error that says where the
+    images were looked for when that is why."""
     caps, owner = [], []
-    for i, cs in enumerate(src.captions):
+    for i, cs in enumerate(captions):
         caps += list(cs)
         owner += [i] * len(cs)
     if not caps:
-        raise VlctlError(f"{path}: no captions; audit scores each caption against its image")
-    looked = str(path.resolve().parent if path.is_file() else path.resolve())
-    return Pairs(str(path), list(src.files) if src.files is not None else None, src.array, caps,
-                 np.asarray(owner, dtype=np.int64), list(src.missing), looked,
-                 scenes=src.kind == "generated" and str(src.data_id or "").startswith("scenes-"))
+        if missing:
+            raise VlctlError(f"{name}: none of the {len(missing)} images it names is under {looked} (first: "
+                             f"{missing[0]!r}); name the folder they are relative to with --images DIR")
+        raise VlctlError(f"{name}: no captions; audit scores each caption against its image")
+    return Pairs(name, files, array, caps, np.asarray(owner, dtype=np.int64), missing, str(looked), scenes=scenes)
+
+
+def _store_pairs(path: Path, images: str | Path | None, annotations: str | Path | None) -> Pairs:
+    """The pairs of a store from `vlctl embed`: the images and captions its rows record (the
+    encoder under audit embeds the pixels itself); a generated set's store reads its set again."""
+    from vlctl.embeddings.store import open_store
+
+    if annotations is not None or images is not None:
+        raise VlctlError(f"{path}: a store records its own images and captions; drop --annotations / --images")
+    store = open_store(path)
+    source = store.info.get("source")
+    if source and store.info.get("data_id"):  # a generated set: its pixels are in the set, not in files
+        return load_pairs(source)
+    meta = store.metadata()
+    if not any(m.get("captions") for m in meta):
+        raise VlctlError(f"{path}: the store holds no captions (embed with --annotations naming a caption column, "
+                         "or a caption table); audit scores each caption against its image")
+    files = [m.get("path") for m in meta]
+    missing = [f for f in files if not Path(str(f)).is_file()]
+    keep = [i for i, f in enumerate(files) if f not in missing and meta[i].get("captions")]
+    return _pairs_of(str(path), [files[i] for i in keep], None, [meta[i]["captions"] for i in keep], missing,
+                     path.resolve())
+
+
+def drop_unreadable(pairs: Pairs, strict: bool = False) -> tuple[Pairs, list[list[str]]]:
+    """The pairs less the images that cannot be read, and [path, reason] of each of those (the
+    skip-and-list policy, `vlctl.cli.listing`): every image is decoded once by the one reader
+    before any work, so a broken file neither stops the audit late nor counts as a wrong answer.
+    With `strict`, the first unreadable image is an error instead."""
+    from vlctl.images import ImageDecodeError, read_image
+
+    if pairs.images is None:  # a generated set's array: nothing to decode
+        return pairs, []
+    if strict and pairs.skipped:
+        raise VlctlError(f"{pairs.skipped[0][1]} (--strict stops at an unreadable image)")
+    failures, bad = [list(f) for f in pairs.skipped], set()
+    for i, path in enumerate(pairs.images):
+        try:
+            read_image(path)
+        except ImageDecodeError as e:
+            if strict:
+                raise VlctlError(f"{e} (--strict stops at an unreadable image)") from None
+            failures.append([str(path), str(e)])
+            bad.add(i)
+    if not bad:
+        return pairs, failures
+    keep = np.flatnonzero([int(i) not in bad for i in pairs.image_of_caption])
+    if not len(keep):
+        raise VlctlError(f"{pairs.name}: none of its {pairs.n_images} images can be read (the first: {failures[0][1]})")
+    return subset(pairs, keep), failures
 
 
 def subset(pairs: Pairs, caption_idx: np.ndarray) -> Pairs:
@@ -329,9 +398,11 @@ def retrieval_r1(encoder: Any, pairs: Pairs, image_emb: np.ndarray, batch_size: 
 # --- the command -----------------------------------------------------------------------------------
 
 
-def run_audit(encoder: Any, pairs: Pairs, out: str | Path, cfg: AuditConfig, blocks: Any = "all") -> dict:
+def run_audit(encoder: Any, pairs: Pairs, out: str | Path, cfg: AuditConfig, blocks: Any = "all",
+              failures: Sequence[Sequence[str]] = ()) -> dict:
     """Audit `pairs` with `encoder`, write OUT/report.md, report.html, items.jsonl, arrays.npz,
-    summary.json and the worst items' maps under OUT/worst/; with cfg.repair also OUT/repair/."""
+    summary.json and the worst items' maps under OUT/worst/; with cfg.repair also OUT/repair/.
+    `failures`: [path, reason] of the images skipped as unreadable (`drop_unreadable`), reported."""
     from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text
 
     out = Path(out)
@@ -363,6 +434,7 @@ def run_audit(encoder: Any, pairs: Pairs, out: str | Path, cfg: AuditConfig, blo
         "pairs": pairs.name, "encoder": getattr(encoder, "id", None), "encoder_spec": getattr(encoder, "spec", None),
         "captions": len(audited.captions), "images": audited.n_images, "captions_in_source": n_all,
         "missing_images": len(pairs.missing), "looked_in": pairs.looked_in, "missing_examples": pairs.missing[:10],
+        "failed": len(failures), "failures": [list(f) for f in failures],
         "refused_captions": res["refused"], "items": len(items),
         "accuracy": res["overall"][0], "accuracy_ci95": list(res["overall"][1:]),
         "groups": res["groups"], "worst": worst, "repair": repair,
@@ -371,9 +443,12 @@ def run_audit(encoder: Any, pairs: Pairs, out: str | Path, cfg: AuditConfig, blo
         "config": dataclasses.asdict(cfg),
     }
     atomic_write_json(out / "summary.json", summary)
-    _report(summary).write(out)
+    from vlctl.report.audit import audit_report
+
+    audit_report(summary).write(out)
     return {"out": str(out), "items": len(items), "accuracy": round(res["overall"][0], 2),
-            "missing_images": len(pairs.missing), "seconds": summary["seconds"]["total"],
+            "missing_images": len(pairs.missing), "failed": len(failures), "failures": summary["failures"],
+            "seconds": summary["seconds"]["total"],
             **({"repair": repair["verdict"]} if repair else {})}
 
 
@@ -486,60 +561,3 @@ def _resize(image: np.ndarray, size: int) -> np.ndarray:
     from PIL import Image
 
     return np.asarray(Image.fromarray(image).convert("RGB").resize((size, size), Image.BICUBIC), dtype=np.uint8)
-
-
-def _ci(row) -> str:
-    return f"{row[2]:.1f} [{row[3]:.1f}, {row[4]:.1f}]"
-
-
-def _report(s: dict):
-    from vlctl.report.writer import Report
-
-    rep = Report(f"vlctl audit: {Path(s['pairs']).name}")
-    rep.text(f"Encoder `{s['encoder']}` on {s['captions']} captions of {s['images']} images "
-             f"({s['items']} positive/negative items from 3VL caption trees). An item is correct when the image is "
-             "closer to the level's positive than to its one-word negative; intervals are bootstrap 95% over "
-             f"captions ({s['config']['n_boot']} resamples). Chance is 50%.")
-    if s["missing_images"]:
-        rep.text(f"**{s['missing_images']} images were not found** under {s['looked_in']} and were not audited "
-                 f"(first: {', '.join(s['missing_examples'][:5])}).")
-    else:
-        rep.text(f"Every image was found (looked in {s['looked_in']}).")
-    if s["refused_captions"]:
-        rep.text(f"{s['refused_captions']} captions were refused by the tree generator (empty, not English or too "
-                 "long) and give no items.")
-    acc, (lo, hi) = s["accuracy"], s["accuracy_ci95"]
-    rep.heading("Overall")
-    rep.table(["items", "accuracy % [95% CI]"], [[s["items"], f"{acc:.1f} [{lo:.1f}, {hi:.1f}]"]])
-    titles = {"pos": "By part of speech of the replaced word", "depth": "By tree level (1 = coarsest)",
-              "stage": "By replacement source", "word": "Most frequent replaced words",
-              "category": "By 3vl-scenes checklist category of the replaced word",
-              "category_caption": "By checklist category, the caption level only (what the checklist measures)"}
-    for key, title in titles.items():
-        if key not in s["groups"]:
-            continue
-        rep.heading(title)
-        rep.table([key, "items", "accuracy % [95% CI]"], [[r[0], r[1], _ci(r)] for r in s["groups"][key]])
-    if s["worst"]:
-        rep.heading("Worst items")
-        rep.text("Largest cos(image, negative) - cos(image, positive). Maps: HilaCAM of the positive, the Anchor "
-                 "map (text 'AP or AN') and DiRe (red: more relevant to P, blue: to N).")
-        rep.table(["#", "image", "caption", "positive", "negative", "cos P", "cos N"],
-                  [[w["rank"], w["image"], w["caption"], w["positive"], w["negative"], f"{w['s_pos']:.3f}",
-                    f"{w['s_neg']:.3f}"] for w in s["worst"]], digits=3)
-        for w in s["worst"]:
-            for name in ("hilacam_positive", "anchor", "dire", "image"):
-                if name in w.get("maps", {}):
-                    rep.figure(w["maps"][name], f"#{w['rank']} {name}: {w['positive']} / {w['negative']}")
-    r = s.get("repair")
-    if r:
-        rep.heading("Repair (tree-loss LoRA) on the held-out part")
-        rep.text(f"Fine-tuned on {r['repair_captions']} captions of {r['repair_images']} images ({r['steps']} steps, "
-                 f"{r['fit_seconds']} s); audited and retrieved on the {r['held_out_captions']} held-out captions. "
-                 f"The adapter is **{r['verdict']}** (refused when an R@1 drops by more than {r['max_drop']} points).")
-        b, a = r["accuracy_before"], r["accuracy_after"]
-        rep.table(["", "audit accuracy % [95% CI]", "i2t R@1", "t2i R@1"],
-                  [["before", f"{b[0]:.1f} [{b[1]:.1f}, {b[2]:.1f}]", r["r1_before"]["i2t@1"], r["r1_before"]["t2i@1"]],
-                   ["after", f"{a[0]:.1f} [{a[1]:.1f}, {a[2]:.1f}]", r["r1_after"]["i2t@1"], r["r1_after"]["t2i@1"]]])
-    rep.text("Numbers are recomputable from items.jsonl and arrays.npz beside this report.")
-    return rep

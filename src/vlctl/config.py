@@ -308,9 +308,12 @@ def flag_type(base: Any, meta: typing.Mapping | None = None, name: str | None = 
     return parse
 
 
-def add_config_args(parser: argparse.ArgumentParser, cls: type, prefix: str = "", exclude: tuple[str, ...] = ()) -> None:
+def add_config_args(parser: argparse.ArgumentParser, cls: type, prefix: str = "", exclude: tuple[str, ...] = (),
+                    defaults: dict[str, Any] | None = None) -> None:
     """Add one `--flag` per field of dataclass `cls` (underscores become dashes), except the
-    fields in `exclude` (those the command sets itself, e.g. a dimension read from the data). Each
+    fields in `exclude` (those the command sets itself, e.g. a dimension read from the data).
+    `defaults`: the command's own default of a field where it differs from the dataclass's (the
+    command applies it; the help says it). Each
     flag refuses a value out of the field's range while parsing; `check_config_args` then builds
     the configs once, so cross-field checks fail before the command does any work."""
     hints = typing.get_type_hints(cls)
@@ -319,6 +322,7 @@ def add_config_args(parser: argparse.ArgumentParser, cls: type, prefix: str = ""
             continue
         base, _, length = _type_info(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = (defaults or {}).get(f.name, default)
         flag = "--" + prefix + f.name.replace("_", "-")
         rng = describe(f.metadata)
         help_ = f.metadata.get("help", "") + f" (default: {default}" + (f"; {rng}" if rng else "") + ")"

@@ -64,6 +64,15 @@ class _Parser(argparse.ArgumentParser):
             message = f"{name} {rest}" if rest.startswith("must ") else f"{name}: {rest}"
         self.exit(2, f"vlctl: error: {_single_line(message)} (see {self.prog} --help)\n")
 
+    def parse_args(self, args=None, namespace=None):
+        """argparse's, except that arguments no parser knows are refused by the command's own
+        parser, so the message points at its help (`vlctl search --help`), not at `vlctl --help`."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            command = getattr(parsed, "_vlctl_parser", None) or self
+            command.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
 
 def build_parser() -> argparse.ArgumentParser:
     from vlctl import __version__
@@ -89,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
         getattr(mod, func + "_args")(p)
         flags = {a.dest: (a.option_strings or [a.metavar or a.dest])[0] for a in p._actions}
-        p.set_defaults(handler=getattr(mod, func), _vlctl_flags=flags)
+        p.set_defaults(handler=getattr(mod, func), _vlctl_flags=flags, _vlctl_parser=p)
     return parser
 
 
@@ -179,15 +188,24 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # a usage error (one line, already printed), or --help / --version
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     debug = args.debug or os.environ.get("VLCTL_DEBUG", "") not in ("", "0")
+    from vlctl.cli.interrupt import interrupted_message, out_state
+
+    before: tuple = (None, None)
+    if not debug:
+        import warnings
+
+        warnings.showwarning = _one_line_warning
     try:
         check_paths(args)  # the path flags against the file system, then every config the flags make:
         check_config_args(args)  # both before the command starts any work
+        before = out_state(args)
         result = args.handler(args)
+    except BrokenPipeError:  # the reader of our stdout went away (`| head`): it has what it wanted
+        return _stdout_gone()
     except KeyboardInterrupt:
         if debug:
             raise
-        again = "the same command with --resume" if hasattr(args, "resume") else "the same command"
-        print(f"vlctl: interrupted; finished stages and checkpoints are kept: {again} continues", file=sys.stderr)
+        print(interrupted_message(args, before), file=sys.stderr)
         return 130
     except (VlctlError, OSError, UnicodeDecodeError, ValueError) as e:
         if debug:
@@ -196,9 +214,38 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 reports
-    if getattr(args, "json", False):
-        print(json.dumps(result, indent=2))
-    elif result:
-        for k, v in result.items():
-            print(f"{k}: {v}")
+    from vlctl.cli.listing import plain, print_listed, without_lists
+
+    try:
+        if getattr(args, "json", False):
+            print(json.dumps(result, indent=2))
+        elif result:
+            for k, v in without_lists(result).items():
+                print(f"{k}: {plain(v)}")
+            sys.stdout.flush()
+            print_listed(result)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return _stdout_gone()
+    return 0
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning of vlctl's own as the user sees every other message: one line, no source line
+    (`UntrainedAttributeWarning` printed its file, line number and the `warnings.warn` call). Other
+    packages' warnings keep Python's form, which names where they come from."""
+    import warnings
+
+    if f"{os.sep}vlctl{os.sep}" not in str(filename):
+        warnings._showwarnmsg_impl(warnings.WarningMessage(message, category, filename, lineno, file, line))
+        return
+    print(f"vlctl: warning: {_single_line(str(message))}", file=sys.stderr if file is None else file)
+
+
+def _stdout_gone() -> int:
+    """After a write to a closed pipe (`vlctl search ... --json | head -c 10`): no traceback, and
+    none at exit either, when Python flushes stdout again (it now writes to /dev/null). Exit 0: the
+    command did its work, and the reader stopped reading by choice."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
     return 0

@@ -145,3 +145,10 @@ def blocks_arg(text: str) -> str:
 
 
 TEMPLATE = flag_type(str, {"check": "template"}, "template")
+
+
+def strict_arg(p: argparse.ArgumentParser) -> None:
+    """`--strict`: the one switch of the skip-and-list policy (`vlctl.cli.listing`)."""
+    p.add_argument("--strict", action="store_true",
+                   help="stop at the first unreadable image (exit 2) instead of skipping it; by default an "
+                   "unreadable image is skipped and listed, with its reason, at the end (and in --json)")

@@ -337,6 +337,9 @@ def cluster(args: argparse.Namespace) -> dict:
         raise VlctlError(f"{source}: embeddings come from encoder {encoder_id!r}, but the ControlEmbed model "
                          f"{args.controlembed} was fitted on {model.encoder_id_!r}; maps of one embedding space are "
                          "meaningless in another (fit ControlEmbed on this store's encoder)")
+    if args.k is None and args.attribute not in model.subclasses_:  # the CLI's words: the flag, not cluster()'s k
+        raise VlctlError(f"--attribute {args.attribute}: not trained on (trained: {', '.join(model.categories_)}), so "
+                         "it has no number of subclasses to cluster into: give --k")
     ids = model.cluster(emb, args.attribute, args.k, seed=args.seed, encoder_id=encoder_id)
     k = args.k if args.k is not None else len(model.subclasses_[args.attribute])  # cluster() checked both
     # The space k-means ran in (ControlEmbed.cluster's own): "nearest the centre" is measured there.

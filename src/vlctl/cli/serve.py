@@ -87,6 +87,30 @@ def _plain(args: argparse.Namespace) -> dict:
     return {f: str(v) if isinstance(v, str) else v for f, v in ((f, getattr(args, f)) for f in STATE_ARGS)}
 
 
+def bind(host: str, port: int):
+    """The listening socket of `host:port`, bound before any model is loaded: a port in use is one
+    line and exit 2 at once, not a minute of loading and then uvicorn's error (its URL the other
+    server's). Port 0 picks a free port; the socket then names it."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # uvicorn's own setting: a just-closed port rebinds
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        import errno
+
+        if e.errno == errno.EADDRINUSE:
+            raise VlctlError(f"--port {port}: {host}:{port} is already in use by another process; stop it, or pick "
+                             "another --port (0 for any free one)") from None
+        raise VlctlError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(args: argparse.Namespace) -> dict:
     import uvicorn
 
@@ -96,6 +120,8 @@ def serve(args: argparse.Namespace) -> dict:
     if not config.token and os.environ.get("VLCTL_SERVE_TOKEN"):
         config = dataclasses.replace(config, token=os.environ["VLCTL_SERVE_TOKEN"])
     check_bind(config)
+    sock = bind(config.host, config.port)
+    config = dataclasses.replace(config, port=sock.getsockname()[1])
     if config.threads:
         import torch
 
@@ -119,15 +145,18 @@ def serve(args: argparse.Namespace) -> dict:
     # request threads run Python: at the default 5 ms switch interval a MiniLM forward took ~50 ms
     # under the load test, at 0.5 ms ~36 ms (text p99 135-175 -> 117-121 ms, benchmarks/serve_load.py).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    if config.port == 0:  # any free port: chosen here, so the line below names it
-        import socket
-
-        with socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET) as sock:
-            sock.bind((config.host, 0))
-            config = dataclasses.replace(config, port=sock.getsockname()[1])
     host = f"[{config.host}]" if ":" in config.host else config.host
     url = f"http://{host}:{config.port}/" + ("?token=TOKEN" if config.token else "")
     print(f"[vlctl] serve: {url} (Ctrl-C stops)", file=sys.stderr)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning", timeout_keep_alive=5,
-                limit_concurrency=256, h11_max_incomplete_event_size=64 * 1024)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=5, limit_concurrency=256,
+                                           h11_max_incomplete_event_size=64 * 1024))
+    try:
+        server.run(sockets=[sock])  # Ctrl-C and SIGTERM end it gracefully: the app's lifespan stops the workers
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the Ctrl-C it handled: the server has stopped, as asked
+    finally:
+        if heavy is not None:
+            heavy.shutdown()
+        sock.close()
+    print("[vlctl] serve: stopped", file=sys.stderr)
     return {}

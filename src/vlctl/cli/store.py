@@ -18,7 +18,6 @@ from vlctl.cli.output import add_output_args
 from vlctl.config import add_config_args, config_from_args
 from vlctl.fsops import VlctlError
 
-_SHOWN_FAILURES = 10
 _INDEX_PREFIX = "index-"  # IndexConfig fields become --index-kind, --index-nlist, ...
 
 
@@ -52,7 +51,8 @@ def _embed_into_store(args: argparse.Namespace, default_kind: str) -> dict:
         device = str(init_distributed("cuda" if args.device.startswith("cuda") else "cpu").device)
     encoder = create(args.encoder, device=device, precision=args.precision, batch_size=extract.batch_size)
     store, report = embed_source(encoder, source, args.out, index_config, extract,
-                                 encoder_spec=getattr(encoder, "spec", args.encoder), progress=not args.no_progress)
+                                 encoder_spec=getattr(encoder, "spec", args.encoder), progress=not args.no_progress,
+                                 strict=args.strict)
     destroy_distributed()  # only on success: after a failure on one rank a barrier would wait forever
     if store is None:  # a torchrun rank other than 0; rank 0 reports
         return report
@@ -63,23 +63,17 @@ def _embed_into_store(args: argparse.Namespace, default_kind: str) -> dict:
         "missing_annotated_images": source.missing,
         **report,
     }
-    if not args.json:
-        for path, reason in report["failures"][:_SHOWN_FAILURES]:
-            print(f"[vlctl] skipped {reason}", file=sys.stderr)
-        if report["failed"] > _SHOWN_FAILURES:
-            print(
-                f"[vlctl] ... and {report['failed'] - _SHOWN_FAILURES} more skipped (--json lists all)", file=sys.stderr
-            )
-        report = {k: v for k, v in report.items() if k not in ("failures", "missing_annotated_images")}
+    if not args.json:  # the failures and notes are listed at the end (vlctl.cli.listing)
+        report = {k: v for k, v in report.items() if k != "missing_annotated_images"}
     return report
 
 
 def embed(args: argparse.Namespace) -> dict:
-    return _embed_into_store(args, "none")
+    return _embed_into_store(args, EMBED_KIND)
 
 
 def index(args: argparse.Namespace) -> dict:
-    return _embed_into_store(args, "flat")
+    return _embed_into_store(args, INDEX_KIND)
 
 
 def _load_query_embedding(path: str):
@@ -107,6 +101,19 @@ def _tevi_reranker(path: str, store, alpha: float | None = None):
     return TEVI.load(path, encoder_id=store.encoder_id).store_reranker(alpha=alpha)
 
 
+def _check_query_flags(args: argparse.Namespace) -> None:
+    """Refuse a flag the query kind would ignore: the hits would silently equal a plain search.
+    ControlEmbed's attribute map moves an image embedding (its query mode), so --attribute goes
+    with --image; TEVI re-scores a caption's candidates, so --rerank goes with --text."""
+    if args.attribute is not None and args.image is None:
+        raise VlctlError("--attribute goes with --image: ControlEmbed maps an image query by an attribute (a text "
+                         "or embedding query has no such map); drop --attribute, or query by --image")
+    if args.controlembed is not None and args.attribute is None:
+        raise VlctlError("--controlembed is used only with --attribute NAME (and --image); add --attribute")
+    if args.rerank is not None and args.text is None:
+        raise VlctlError("--rerank goes with --text: TEVI re-scores a caption's candidates; drop --rerank")
+
+
 def search(args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
@@ -115,6 +122,7 @@ def search(args: argparse.Namespace) -> dict:
     from vlctl.encoders.factory import create
     from vlctl.images import read_image
 
+    _check_query_flags(args)
     if args.alpha is not None and not args.rerank:
         raise VlctlError("--alpha goes with --rerank tevi:DIR (the fused rerank)")
     store = open_store(args.store)
@@ -183,8 +191,8 @@ def _spec_help() -> str:
     return "encoder spec: " + " | ".join(SPEC_FORMS)
 
 
-def _source_args(p: argparse.ArgumentParser) -> None:
-    from vlctl.cli.args import device_arg, in_path, out_path, source_arg, text_arg
+def _source_args(p: argparse.ArgumentParser, default_kind: str) -> None:
+    from vlctl.cli.args import device_arg, in_path, out_path, source_arg, strict_arg, text_arg
     from vlctl.embeddings.extract import ExtractConfig
     from vlctl.embeddings.search import IndexConfig
 
@@ -218,16 +226,22 @@ def _source_args(p: argparse.ArgumentParser) -> None:
         help="autocast precision on the device (default: fp32)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    strict_arg(p)
     add_config_args(p, ExtractConfig)
-    add_config_args(p, IndexConfig, prefix=_INDEX_PREFIX)
+    add_config_args(p, IndexConfig, prefix=_INDEX_PREFIX, defaults={"kind": default_kind})
+
+
+# The index kind each command writes by default (its help says so): `embed` exact numpy search,
+# `index` a FAISS index.
+EMBED_KIND, INDEX_KIND = "none", "flat"
 
 
 def embed_args(p: argparse.ArgumentParser) -> None:
-    _source_args(p)
+    _source_args(p, EMBED_KIND)
 
 
 def index_args(p: argparse.ArgumentParser) -> None:
-    _source_args(p)
+    _source_args(p, INDEX_KIND)
 
 
 def search_args(p: argparse.ArgumentParser) -> None:
@@ -235,7 +249,7 @@ def search_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.methods import alpha_arg
 
     spec_help = _spec_help()
-    p.add_argument("store", type=in_path("store directory", "dir"), help="store directory (made by `vlctl index`)")
+    p.add_argument("store", type=in_path("store directory", "dir"), help="store directory (made by `vlctl embed` or `vlctl index`)")
     q = p.add_mutually_exclusive_group(required=True)
     q.add_argument("--text", type=text_arg(), help="query text")
     q.add_argument("--image", type=in_path("query image", "file"), help="query image file")

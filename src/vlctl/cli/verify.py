@@ -6,6 +6,7 @@ reads every byte and compares each file's sha256 with the one recorded when it w
     vlctl verify store/
     vlctl verify data/mad-train/
     vlctl verify runs/clip/            # its checkpoint/ (or the checkpoint directory itself)
+    vlctl verify tevi/                 # a fitted model (vlctl fit ...): every tensor file read whole
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from vlctl.io import read_json
 
 
 def verify_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", type=in_path("store, generated set or checkpoint", "dir"),
-                   help="a store (manifest.json), a generated set (meta.json), a checkpoint (state.json) or a run "
-                   "directory holding checkpoint/")
+    p.add_argument("path", type=in_path("store, generated set, checkpoint or fitted model", "dir"),
+                   help="a store (manifest.json), a generated set (meta.json), a checkpoint (state.json), a run "
+                   "directory holding checkpoint/, or a fitted model (vlctl fit: config.json + *.safetensors)")
 
 
 def verify(args: argparse.Namespace) -> dict:
@@ -37,9 +38,11 @@ def verify(args: argparse.Namespace) -> dict:
 
         kind = "checkpoint"
         result = verify_checkpoint(path if (path / "state.json").is_file() else path / "checkpoint")
+    elif _is_model(path):
+        kind, result = "fitted model", _verify_model(path)
     else:
-        raise VlctlError(f"{path}: not a vlctl store, generated set or checkpoint (no manifest.json, meta.json or "
-                         "state.json in it)")
+        raise VlctlError(f"{path}: not a vlctl store, generated set, checkpoint or fitted model (no manifest.json, "
+                         "meta.json, state.json or an estimator's config.json in it)")
     return {"path": str(path), "kind": kind, **result, "ok": True}
 
 
@@ -55,3 +58,32 @@ def _verify_set(path: Path) -> dict:
     load(path, verify=True)
     files = [path / "images.npy", path / "labels.jsonl"]
     return {"files": len(files), "bytes": sum(f.stat().st_size for f in files)}
+
+
+def _is_model(path: Path) -> bool:
+    cfg = path / "config.json"
+    return cfg.is_file() and isinstance(doc := read_json(cfg, "model config.json"), dict) and \
+        doc.get("format") == "vlctl.estimator"
+
+
+def _verify_model(path: Path) -> dict:
+    """A fitted model records no sha256 of its files: each config.json is parsed and every tensor of
+    every .safetensors file under `path` (a TEVI's sae/ too) is read whole, so a truncated or
+    corrupt file fails here, naming itself."""
+    from safetensors import SafetensorError, safe_open
+
+    files = sorted(path.rglob("*.safetensors"))
+    tensors = 0
+    for cfg in sorted(path.rglob("config.json")):
+        read_json(cfg, "model config.json")
+    for f in files:
+        try:
+            with safe_open(str(f), framework="numpy") as st:
+                for name in st.keys():  # noqa: SIM118 (safe_open is no dict: keys() is its API)
+                    st.get_tensor(name)
+                    tensors += 1
+        except (SafetensorError, OSError, ValueError) as e:
+            raise VlctlError(f"{f}: cannot read its tensors ({e})") from None
+    if not files:
+        raise VlctlError(f"{path}: a model config.json but no .safetensors file beside it")
+    return {"files": len(files), "tensors": tensors, "bytes": sum(f.stat().st_size for f in files)}

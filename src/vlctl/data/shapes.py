@@ -408,6 +408,8 @@ def load_clevr4(root: str | Path, image_size: int | None = None, annotations: st
     """
     from PIL import Image
 
+    from vlctl.images import read_image
+
     root = Path(root)
     if not root.is_dir():
         raise VlctlError(f"{root}: Clevr-4 folder not found")
@@ -436,16 +438,12 @@ def load_clevr4(root: str | Path, image_size: int | None = None, annotations: st
         file = next((f for f in (root / "images" / filename, root / filename) if f.is_file()), None)
         if file is None:
             raise VlctlError(f"{where}: image file not found (looked for images/{filename} and {filename} in {root})")
-        try:
-            with Image.open(file) as im:
-                im = im.convert("RGB")
-                if image_size is not None and im.size != (image_size, image_size):
-                    side = min(im.size)
-                    left, top = (im.size[0] - side) // 2, (im.size[1] - side) // 2
-                    im = im.crop((left, top, left + side, top + side)).resize((image_size, image_size), Image.BOX)
-                images.append(np.asarray(im, dtype=np.uint8))
-        except OSError as e:
-            raise VlctlError(f"{file}: cannot read image ({e})") from None
+        im = read_image(file)  # the one reader: EXIF, 16-bit, palette and alpha read as everywhere
+        if image_size is not None and im.size != (image_size, image_size):
+            side = min(im.size)
+            left, top = (im.size[0] - side) // 2, (im.size[1] - side) // 2
+            im = im.crop((left, top, left + side, top + side)).resize((image_size, image_size), Image.BOX)
+        images.append(np.asarray(im, dtype=np.uint8))
         labels.append({**entry, "filename": filename})
     if not labels:
         raise VlctlError(f"{ann_path}: no images{f' of split {split!r}' if split else ''}")

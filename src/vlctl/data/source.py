@@ -42,6 +42,8 @@ class ImageSource:
         fields: (n,) dicts of per-image fields: attribute columns, labels of a generated set.
         data_id: a generated set's content id (vlctl.data.mad.mad_dataset_id); None otherwise.
         missing: annotated image files that were not found (and were skipped).
+        skipped: (path, reason) of a folder's files that look like images but are not read
+            (`vlctl.data.loaders.folder.folder_extras`): listed with the unreadable images.
     """
 
     name: str
@@ -53,6 +55,7 @@ class ImageSource:
     fields: list[dict]
     data_id: str | None = None
     missing: list[str] = dataclasses.field(default_factory=list)
+    skipped: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -92,11 +95,13 @@ def open_source(
         if annotations is not None:
             raise VlctlError(f"{annotations}: a generated set carries its own labels; --annotations is for folders")
         return _generated(path, fmt)
-    from vlctl.data.loaders.folder import load_caption_table, load_image_folder
+    from vlctl.data.loaders.folder import folder_extras, load_caption_table, load_image_folder
 
+    skipped: list[tuple[str, str]] = []
     if path.is_dir():
         data = load_image_folder(path, annotations, image_column, caption_column, on_missing)
         kind = "folder"
+        skipped = folder_extras(path)
     elif path.suffix.lower() in TABLE_SUFFIXES:
         if annotations is not None:
             raise VlctlError(f"{annotations}: the source {path} is itself the annotation table; drop --annotations")
@@ -106,7 +111,8 @@ def open_source(
         raise VlctlError(f"{path}: not a folder, a {'/'.join(TABLE_SUFFIXES)} table or a .tar shard")
     files = [str(p.resolve()) for p in data.image_paths()]
     fields = [{"relpath": rel, **f} for rel, f in zip(data.images, data.image_fields)]
-    return ImageSource(text, kind, files, None, files, data.captions_by_image(), fields, None, list(data.missing))
+    return ImageSource(text, kind, files, None, files, data.captions_by_image(), fields, None, list(data.missing),
+                       skipped)
 
 
 def _generated(path: Path, fmt: str) -> ImageSource:

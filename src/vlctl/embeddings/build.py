@@ -51,16 +51,24 @@ def embed_source(
     extract: ExtractConfig | None = None,
     encoder_spec: str | None = None,
     progress: bool = True,
+    strict: bool = False,
 ) -> tuple[Store | None, dict]:
     """Embed an `vlctl.data.source.ImageSource` (images and their captions) into the store at `out`.
 
-    Files and WebDataset samples go through `index_images` (incremental, torchrun-aware). A
+    Files and WebDataset samples go through `index_images` (incremental, torchrun-aware; `strict`
+    as there; the source's own skipped files, `ImageSource.skipped`, join its failures). A
     generated set is embedded whole from its memory-mapped array, its labels becoming the rows'
     fields; a store already holding that set (same data id) is left as it is.
     """
     if source.array is None:
-        return index_images(encoder, source.files, out, source.fields, index_config, extract, encoder_spec,
-                            progress, ids=source.ids, captions=source.captions)
+        if strict and source.skipped:
+            raise VlctlError(f"{source.skipped[0][1]} (--strict stops at an unreadable image; nothing was added)")
+        store, report = index_images(encoder, source.files, out, source.fields, index_config, extract, encoder_spec,
+                                     progress, ids=source.ids, captions=source.captions, strict=strict)
+        if source.skipped:
+            report["failures"] = sorted(report["failures"] + [list(f) for f in source.skipped])
+            report["failed"] = len(report["failures"])
+        return store, report
     with writing(out):
         return _embed_array(encoder, source, out, index_config, extract or ExtractConfig(), encoder_spec, progress)
 
@@ -68,7 +76,7 @@ def embed_source(
 def _embed_array(encoder, source, out, index_config, extract, encoder_spec, progress) -> tuple[Store, dict]:
     info = {"data_id": source.data_id, "source": str(Path(source.name).resolve())}
     store = open_or_create_store(out, encoder.id, int(encoder.embed_dim), index_config, encoder_spec, info=info)
-    report = {"added": 0, "already_present": 0, "failed": 0, "failures": [], "captions": 0}
+    report = {"added": 0, "already_present": 0, "failed": 0, "failures": [], "notes": [], "captions": 0}
     if len(store) or len(store.texts_table):
         if store.info.get("data_id") != source.data_id:
             raise VlctlError(f"{store.path}: the store holds other data ({store.info.get('data_id')!r}), not the "
@@ -103,6 +111,7 @@ def index_images(
     *,
     ids: Sequence[str] | None = None,
     captions: Sequence[Sequence[str]] | None = None,
+    strict: bool = False,
 ) -> tuple[Store | None, dict]:
     """Embed images into the store at `out` (created if absent; otherwise only new images are added).
 
@@ -110,7 +119,9 @@ def index_images(
     (a list per image), each caption of an added image becomes a text row {"text", "image": row}.
     `paths` may also hold in-memory encoded images (io.BytesIO, WebDataset samples); then `ids`
     names each one. Returns the store and a report: {"added", "already_present", "failed"
-    (count), "failures" ([path, reason]), "captions", "count", "seconds", "images_per_second"}.
+    (count), "failures" ([path, reason]), "notes" ([path, note]: the first of several frames
+    used), "captions", "count", "seconds", "images_per_second"}. An unreadable image is skipped
+    and listed in "failures"; with `strict`, it is an error instead and nothing is added.
 
     Under torchrun (a process group initialised, e.g. by `vlctl.train.distributed.init_distributed`)
     every rank embeds every world_size-th new image; rank 0 alone writes the gallery, with the
@@ -134,10 +145,11 @@ def index_images(
     # before its verdict (below), would leave the other ranks waiting for it forever.
     with writing(out, wait=True if world > 1 else None) if rank == 0 else contextlib.nullcontext():
         return _index(encoder, paths, ids, out, metadata, index_config, extract, encoder_spec, progress, captions,
-                      rank, world)
+                      rank, world, strict)
 
 
-def _index(encoder, paths, ids, out, metadata, index_config, extract, encoder_spec, progress, captions, rank, world):
+def _index(encoder, paths, ids, out, metadata, index_config, extract, encoder_spec, progress, captions, rank, world,
+           strict):
     from vlctl.train.distributed import all_gather_object
 
     # Rank 0 opens the gallery; its verdict (or error) reaches every rank, so none waits forever
@@ -160,7 +172,7 @@ def _index(encoder, paths, ids, out, metadata, index_config, extract, encoder_sp
     mine = todo[rank::world]
     result = embed_image_files(encoder, [paths[i] for i in mine], extract, progress=progress and rank == 0)
     rows = [mine[r] for r in result.ok]
-    embeddings, failures, seconds = result.embeddings, result.failures, result.seconds
+    embeddings, failures, notes, seconds = result.embeddings, result.failures, result.notes, result.seconds
     if world > 1:
         # Embeddings travel through files: pickling gigabytes through gloo would double memory.
         part = Path(out).parent / f".{Path(out).name}.rank{rank}.npy"
@@ -170,12 +182,14 @@ def _index(encoder, paths, ids, out, metadata, index_config, extract, encoder_sp
             np.save(f, embeddings)
             fsync(f)
         replace(tmp, part)
-        parts = all_gather_object({"rows": rows, "failures": failures, "file": str(part), "seconds": seconds})
+        parts = all_gather_object({"rows": rows, "failures": failures, "notes": notes, "file": str(part),
+                                   "seconds": seconds})
         if rank != 0:
             return None, {"rank": rank, "embedded": len(rows), "failed": len(failures)}
         rows = [r for p in parts for r in p["rows"]]
         position = {str(p): i for i, p in enumerate(paths)}
         failures = sorted((f for p in parts for f in p["failures"]), key=lambda f: position[f[0]])
+        notes = sorted((f for p in parts for f in p["notes"]), key=lambda f: position[f[0]])
         embeddings = np.concatenate([np.load(p["file"]) for p in parts]) if rows else embeddings
         for p in parts:
             Path(p["file"]).unlink(missing_ok=True)
@@ -184,6 +198,10 @@ def _index(encoder, paths, ids, out, metadata, index_config, extract, encoder_sp
         seconds = max(p["seconds"] for p in parts)
 
     assert gallery is not None  # rank 0
+    if strict and failures:
+        _, reason = failures[0]
+        raise VlctlError(f"{reason} (--strict stops at an unreadable image: {len(failures)} of {len(todo)} were; "
+                         "nothing was added)")
     n_captions = 0
     if rows:
         meta = [{"path": ids[i], **(metadata[i] if metadata is not None else {})} for i in rows]
@@ -203,6 +221,7 @@ def _index(encoder, paths, ids, out, metadata, index_config, extract, encoder_sp
         "already_present": len(paths) - len(todo),
         "failed": len(failures),
         "failures": [list(f) for f in failures],
+        "notes": [list(f) for f in notes],
         "captions": n_captions,
         "count": len(gallery),
         "seconds": round(seconds, 3),

@@ -24,7 +24,7 @@ import torch
 
 from vlctl.config import opt, validate_config
 from vlctl.fsops import VlctlError
-from vlctl.images import DEFAULT_MAX_PIXELS, ImageDecodeError, read_image
+from vlctl.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
 from vlctl.progress import progress_bar
 from vlctl.threads import torch_threads
 
@@ -67,19 +67,21 @@ class _ImageFiles(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         try:
             with torch_threads(1):  # a per-image transform is many tiny ops (vlctl.threads)
-                return i, self.preprocess(read_image(self.paths[i], self.max_pixels)), None
+                read = decode_image(self.paths[i], self.max_pixels)
+                return i, self.preprocess(read.image), None, read.note
         except ImageDecodeError as e:
-            return i, None, str(e)
+            return i, None, str(e), None
         except Exception as e:  # noqa: BLE001 -- a transform failing on one odd image must not end a 1M-image run
-            return i, None, f"{self.paths[i]}: preprocessing failed ({type(e).__name__}: {e})"
+            return i, None, f"{self.paths[i]}: preprocessing failed ({type(e).__name__}: {e})", None
 
 
 def _collate(items):
-    ok = [(i, x) for i, x, err in items if err is None]
-    failed = [(i, err) for i, _, err in items if err is not None]
+    ok = [(i, x) for i, x, err, _ in items if err is None]
+    failed = [(i, err) for i, _, err, _ in items if err is not None]
+    notes = [(i, note) for i, _, _, note in items if note is not None]
     idx = torch.tensor([i for i, _ in ok], dtype=torch.int64)
     x = torch.stack([x for _, x in ok]) if ok else None
-    return idx, x, failed
+    return idx, x, failed, notes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,12 +92,15 @@ class ExtractResult:
     ok: (m,) int64 input positions, ascending.
     failures: (path, reason) for every skipped image, in input order.
     seconds: wall time; images_per_second: m / seconds.
+    notes: (path, note) for every used image the reader has something to say about (the first
+    of several frames used), in input order.
     """
 
     embeddings: np.ndarray
     ok: np.ndarray
     failures: list[tuple[str, str]]
     seconds: float
+    notes: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     @property
     def images_per_second(self) -> float:
@@ -227,9 +232,11 @@ def embed_image_files(
     out = np.empty((len(dataset), dim), dtype=np.float32)
     got = np.zeros(len(dataset), dtype=bool)
     failures: list[tuple[int, str]] = []
+    notes: list[tuple[int, str]] = []
     with progress_bar(total=len(dataset), desc="embed images", unit="img", disable=not progress) as bar:
-        for idx, x, failed in loader:
+        for idx, x, failed, noted in loader:
             failures += failed
+            notes += noted
             if x is not None:
                 with torch.inference_mode(), autocast_context(encoder, precision):
                     emb = encoder.encode_images(x, normalize=True)
@@ -240,7 +247,9 @@ def embed_image_files(
                 bar.set_postfix(failed=len(failures))
     ok = np.flatnonzero(got)
     failures.sort()
+    notes.sort()
     rows = out if len(ok) == len(out) else out[ok]  # no second copy of 1M rows when nothing failed
     return ExtractResult(
-        rows, ok.astype(np.int64), [(str(paths[i]), err) for i, err in failures], time.perf_counter() - start
+        rows, ok.astype(np.int64), [(str(paths[i]), err) for i, err in failures], time.perf_counter() - start,
+        [(str(paths[i]), note) for i, note in notes],
     )

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from vlctl.fsops import VlctlError
-from vlctl.images import DEFAULT_MAX_PIXELS, read_image
+from vlctl.images import DEFAULT_MAX_PIXELS, read_image, to_rgb
 
 
 @runtime_checkable
@@ -226,7 +226,7 @@ class FrontDoor:
     ) -> np.ndarray:
         """Images -> embeddings (n, d) float32, unit norm.
 
-        Each item may be a PIL image (any mode; converted to RGB), an image file path (str or
+        Each item may be a PIL image (any mode; read as `vlctl.images.to_rgb` reads a file's), an image file path (str or
         os.PathLike; read with `vlctl.images.read_image`, at most `max_pixels` pixels), or a uint8
         numpy array (H, W, 3) (or grayscale (H, W)) of any size. The encoder's own preprocessing
         is applied: OpenCLIP's / the HF image processor's resize, crop and normalisation for
@@ -269,7 +269,7 @@ class FrontDoor:
         pil_fn = getattr(self, "preprocess_pil", None)
         try:
             if isinstance(item, Image.Image):
-                rgb = item if item.mode == "RGB" else item.convert("RGB")
+                rgb = to_rgb(item)  # as a file of these pixels would read: upright, 8-bit, alpha on white
                 x = pil_fn(rgb) if pil_fn is not None else self.preprocess(np.asarray(rgb))
             elif isinstance(item, np.ndarray):
                 if item.dtype != np.uint8:

@@ -127,9 +127,26 @@ def _default_names(images: Sequence[Any]) -> list[str | None]:
     return [Path(x).name if isinstance(x, (str, os.PathLike)) else None for x in images]
 
 
+def font_file() -> str | None:
+    """DejaVu Sans as matplotlib bundles it (found without importing matplotlib), or None. PIL's
+    own default font has ASCII glyphs only: 'Zürich' or 'café' came out with boxes. DejaVu covers
+    the Latin, Greek and Cyrillic scripts (not CJK, which draws as boxes still)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("matplotlib")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(root, "mpl-data", "fonts", "ttf", "DejaVuSans.ttf")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def _font(size: int):
     from PIL import ImageFont
 
+    path = font_file()
+    if path is not None:
+        return ImageFont.truetype(path, size)
     try:
         return ImageFont.load_default(size=size)
     except TypeError:  # Pillow < 10.1: the fixed bitmap font

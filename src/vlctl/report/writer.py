@@ -7,6 +7,7 @@ as results.json beside it, so the report never shows a number that is not in the
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,26 @@ _STYLE = (
     "text-align:right}th{background:#f3f3f3}td:first-child{text-align:left}img{max-width:100%}"
     "figcaption{color:#555;font-style:italic}</style></head><body>"
 )
+
+
+_CODE = re.compile(r"`([^`]+)`")
+_STRONG = re.compile(r"\*\*(.+?)\*\*")
+_EM = re.compile(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])")
+
+
+def inline_html(text: str) -> str:
+    """Markdown's inline marks of a report's text (`code`, **strong**, *emphasis*) as HTML, the
+    rest escaped: report.html showed the Markdown's asterisks and backticks as typed. Code spans
+    are taken first, so marks inside them stay literal."""
+    parts = _CODE.split(text)  # even: prose, odd: code
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2:
+            out.append(f"<code>{html.escape(part)}</code>")
+        else:
+            part = _STRONG.sub(r"<strong>\1</strong>", html.escape(part))
+            out.append(_EM.sub(r"<em>\1</em>", part))
+    return "".join(out)
 
 
 @dataclass
@@ -84,16 +105,17 @@ class Report:
         ]
         for kind, b in self.blocks:
             if kind == "heading":
-                out.append(f"<h{b[0]}>{e(b[1])}</h{b[0]}>")
+                out.append(f"<h{b[0]}>{inline_html(b[1])}</h{b[0]}>")
             elif kind == "text":
-                out.append(f"<p>{e(b)}</p>")
+                out.append(f"<p>{inline_html(b)}</p>")
             elif kind == "table":
                 headers, rows = b
-                out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>")
-                out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
+                out.append("<table><tr>" + "".join(f"<th>{inline_html(h)}</th>" for h in headers) + "</tr>")
+                out += ["<tr>" + "".join(f"<td>{inline_html(c)}</td>" for c in r) + "</tr>" for r in rows]
                 out.append("</table>")
             elif kind == "figure":
-                out.append(f"<figure><img src='{e(b[0])}' alt='{e(b[1])}'><figcaption>{e(b[1])}</figcaption></figure>")
+                out.append(f"<figure><img src='{e(b[0])}' alt='{e(b[1])}'><figcaption>{inline_html(b[1])}"
+                           "</figcaption></figure>")
         out.append("</body></html>")
         return "\n".join(out)
 

@@ -318,7 +318,7 @@ def create_app(state: ServeState, config: ServeConfig | None = None, heavy: Heav
         return JSONResponse(await run(work.search, coll, req.text, req.image_id, req.k))
 
     @app.post("/api/search/upload", response_model=schemas.SearchResponse, responses=errors)
-    async def search_upload(file: Annotated[UploadFile, File(description="an image: PNG, JPEG, GIF, BMP or WEBP")],
+    async def search_upload(file: Annotated[UploadFile, File(description="an image: PNG, JPEG, GIF, BMP, WEBP or TIFF")],
                             collection: Annotated[schemas.Name, Form()],
                             k: Annotated[int, Form(ge=1, le=schemas.MAX_K)] = 24):
         coll = state.collection(collection)
@@ -364,7 +364,7 @@ def create_app(state: ServeState, config: ServeConfig | None = None, heavy: Heav
         return await run_explain(req.image_id, None, req.positive, req.negative, req.tree)
 
     @app.post("/api/explain/upload", response_model=schemas.ExplainResponse, responses=errors)
-    async def explain_upload(file: Annotated[UploadFile, File(description="an image: PNG, JPEG, GIF, BMP or WEBP")],
+    async def explain_upload(file: Annotated[UploadFile, File(description="an image: PNG, JPEG, GIF, BMP, WEBP or TIFF")],
                              positive: Annotated[str, Form(max_length=schemas.MAX_TEXT)],
                              negative: Annotated[str | None, Form(max_length=schemas.MAX_TEXT)] = None,
                              tree: Annotated[bool, Form()] = True):

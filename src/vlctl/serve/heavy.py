@@ -49,6 +49,11 @@ def _exit_with(parent: int) -> None:
 
 def _init(factory: Callable[[], Any], threads: int, nice: int) -> None:
     global _STATE
+    import signal
+
+    # Ctrl-C in a terminal reaches the whole process group: the server stops these workers itself
+    # (`HeavyWorker.shutdown`); on their own they would each die with a KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True, name="vlctl-parent-watch").start()
     if nice:
         try:
@@ -148,5 +153,12 @@ class HeavyWorker:
         return out
 
     def shutdown(self) -> None:
+        """Stop every worker now (a running clustering is abandoned) and wait for them to exit, so
+        the pools' queues and semaphores are released: a process that exits with them still open
+        leaves multiprocessing's resource tracker warning about leaked semaphores. Idempotent."""
         for pool in self._pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.terminate()
+                proc.join(10)
+            pool.shutdown(wait=True)

@@ -21,8 +21,11 @@ SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"GIF87a", "GIF"),
     (b"GIF89a", "GIF"),
     (b"BM", "BMP"),
+    (b"II*\x00", "TIFF"),  # little-endian TIFF
+    (b"MM\x00*", "TIFF"),  # big-endian TIFF
 )
-MEDIA_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "BMP": "image/bmp", "WEBP": "image/webp"}
+MEDIA_TYPES = {"PNG": "image/png", "JPEG": "image/jpeg", "GIF": "image/gif", "BMP": "image/bmp", "WEBP": "image/webp",
+               "TIFF": "image/tiff"}
 
 
 class UploadError(VlctlError):
@@ -34,7 +37,7 @@ class UploadError(VlctlError):
 
 
 def sniff(data: bytes) -> str | None:
-    """The image format of `data` from its magic number ("PNG", "JPEG", "GIF", "BMP", "WEBP"), or None."""
+    """The image format of `data` from its magic number ("PNG", "JPEG", "GIF", "BMP", "WEBP", "TIFF"), or None."""
     if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "WEBP"
     for magic, fmt in SIGNATURES:
@@ -49,7 +52,7 @@ def decode_upload(data: bytes, max_pixels: int) -> np.ndarray:
 
     fmt = sniff(data)
     if fmt is None:
-        raise UploadError("upload: not an image (its bytes are none of PNG, JPEG, GIF, BMP, WEBP)", 415)
+        raise UploadError("upload: not an image (its bytes are none of PNG, JPEG, GIF, BMP, WEBP, TIFF)", 415)
     try:  # the one image reader: its pixel limit (from the header) and its decode errors
         rgb = np.asarray(read_image(io.BytesIO(data), max_pixels, name=f"upload ({fmt})", formats=[fmt]),
                          dtype=np.uint8)

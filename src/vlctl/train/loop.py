@@ -235,6 +235,14 @@ def train(
     step, last_loss = 0, None
     window = _Window(dist.device)
     recover_dir(ckpt_dir)  # a checkpoint swap killed between its two renames
+    if resume and not (ckpt_dir / "state.json").is_file():
+        # One rule with the recipe runner's: a run killed before its first checkpoint was complete
+        # left nothing to resume, so resuming it starts afresh, and says so.
+        import warnings
+
+        warnings.warn(f"{ckpt_dir}: no complete checkpoint to resume from (the run stopped before its first "
+                      "one was written); starting afresh", stacklevel=2)
+        resume = False
     if resume:
         step, last_loss = _load_checkpoint(
             ckpt_dir, model, optimizer, scheduler, setup, dist.rank, dist.world_size, dist.device, window

@@ -72,6 +72,29 @@ def list_images(root: str | os.PathLike) -> list[str]:
     )
 
 
+# Files an image folder collects beside its images: skipped and listed by name (`folder_extras`),
+# so a user who counts the files sees where each went; any other non-image file is not listed.
+_THUMBNAIL_CACHES = ("thumbs.db", "ehthumbs.db")
+
+
+def folder_extras(root: str | os.PathLike) -> list[tuple[str, str]]:
+    """(absolute path, reason) of the files under `root` that look like images but are not read:
+    macOS '._' companions (AppleDouble metadata under an image's name) and hidden image files,
+    Windows thumbnail caches (Thumbs.db). Sorted by path."""
+    out = []
+    for p in Path(root).rglob("*"):
+        if not p.is_file():
+            continue
+        if p.name.lower() in _THUMBNAIL_CACHES:
+            out.append((str(p.resolve()), f"{p.resolve()}: a Windows thumbnail cache, not an image; skipped"))
+        elif p.name.startswith("._") and p.suffix.lower() in IMAGE_EXTENSIONS:
+            out.append((str(p.resolve()), (f"{p.resolve()}: macOS metadata of {p.name[2:]} (an AppleDouble "
+                                           "'._' file), not an image; skipped")))
+        elif p.name.startswith(".") and p.suffix.lower() in IMAGE_EXTENSIONS:
+            out.append((str(p.resolve()), f"{p.resolve()}: a hidden file; skipped"))
+    return sorted(out)
+
+
 def load_image_folder(
     root: str | os.PathLike,
     annotations: str | os.PathLike | None = None,

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from vlctl.fsops import VlctlError
-from vlctl.methods.threevl.relevancy import Blocks, dire_from_maps, hila_cam, patch_geometry
+from vlctl.methods.threevl.relevancy import Blocks, dire_from_maps, hila_cam
 
 # CLIP's mean pixel (0.481, 0.458, 0.408) x 255: padding that normalises to ~0 for CLIP towers.
 LETTERBOX_FILL: tuple[int, int, int] = (123, 117, 104)
@@ -147,13 +147,7 @@ def explain_maps(
     """
     if fit not in FITS:
         raise VlctlError(f"explain: fit must be one of {', '.join(FITS)}, got {fit!r}")
-    img = _rgb(image, "explain")
-    geo = patch_geometry(encoder)
-    if geo is not None and min(img.shape[:2]) < geo.patch_size:
-        raise VlctlError(
-            f"explain: image size {img.shape[0]}x{img.shape[1]} is smaller than one patch "
-            f"({geo.patch_size}x{geo.patch_size} pixels)"
-        )
+    img = _rgb(image, "explain")  # any size: the encoder's preprocessing scales it, as for `embed`
     if not positive or (negative is not None and not negative):
         raise VlctlError("explain: the positive and negative texts must be non-empty")
     if fit == "letterbox":

@@ -432,6 +432,7 @@ def run(out: Path, quick: bool = False, force: bool = False, stages=None, from_s
     coco_test = _coco(data, "test")[0]
     base = base_encoder(lazy)
     train_key = {"data": data_hash([ann], train_data.images, train_data.root), "n_captions": len(captions)}
+    # "generator" is a cache-key literal (the module's name when the key was made): kept, so cached trees stay found
     trees_dir = runner.stage("trees", {**train_key, "seed": cfg.seed, "generator": "vlctl.methods.trees"},
                              lambda w: _trees(cfg, captions, w))
     ft_fields = ("rank", "lora_alpha", "lr", "weight_decay", "batch_size", "epochs", "warmup_steps", "alpha",

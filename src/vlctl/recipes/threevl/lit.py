@@ -492,6 +492,7 @@ def stage_keys(cfg: ThreeVLLitRecipe) -> dict:
 
     # The generator's version and how the POS overrides reach it (its keyword, or our spaCy wrapper).
     via = "pos_overrides" if "pos_overrides" in inspect.signature(trees.TreeGenerator.__init__).parameters else "wrap"
+    # "generator": a cache-key literal (the module's name when the key was made), kept so cached trees stay found
     trees_key = {"data": ft_data_key, "vocabulary": list(vocabulary()), "pos": sorted(SCENE_POS.items()),
                  "generator": "vlctl.methods.trees+checked", "generator_version": trees.GENERATOR_VERSION,
                  "pos_via": via, "use_wordnet": False,
