@@ -101,13 +101,20 @@ def test_every_command_on_the_messy_folder(run, capfd):
     vlctl("search store/ --text 'a red car' -k 10")
     reranked, _ = vlctl("search store/ --text 'a red car' --rerank tevi:tevi/ -k 10")
     assert reranked["query"]["rerank"] == "tevi:tevi/" and len(reranked["hits"]) == 10
+    from vlctl.embeddings.results import exact_rerank
     from vlctl.methods.tevi.estimator import TEVI
+    from vlctl.methods.tevi.scoring import fuse
 
     tevi = TEVI.load(root / "tevi", encoder_id=store.encoder_id)
     q = enc.embed_texts(["a red car"])
     top100 = np.argsort(-(vec @ q[0]), kind="stable")[:100]
-    want = np.asarray(tevi.scores(vec[top100], q))[:, 0]
+    clip = exact_rerank(q, top100[None], store)[0]
+    alone = np.asarray(tevi.scores(vec[top100], q))[:, 0]
+    # the README's command reranks by the fused score at the model's alpha (issue 41), --alpha 0 by TEVI alone
+    want = fuse(clip, alone, tevi.alpha_)
     assert [h["id"] for h in reranked["hits"]] == top100[np.argsort(-want, kind="stable")[:10]].tolist()
+    reranked, _ = vlctl("search store/ --text 'a red car' --rerank tevi:tevi/ --alpha 0 -k 10")
+    assert [h["id"] for h in reranked["hits"]] == top100[np.argsort(-alone, kind="stable")[:10]].tolist()
     vlctl("fit controlembed --store store/ --labels photos/labels.csv --out controlembed/ --steps 30")
     vlctl("search store/ --image 'photos/trips/2019/café au lait.jpg' --attribute subject --controlembed controlembed/ -k 5")
     # An attribute the model was not trained on: one warning line, not Python's file:line and source.

@@ -610,7 +610,12 @@ def test_cli_serves_the_store_as_asked(world, monkeypatch, capsys):
     from vlctl.serve.state import ExplainSet
 
     seen: dict = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(app=app, **kw))
+
+    def run(server, sockets=None):  # `serve` binds its port first, then hands uvicorn the socket
+        host, port = sockets[0].getsockname()[:2]
+        seen.update(app=server.config.app, host=host, port=port)
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     monkeypatch.setattr(ExplainSet, "warm", lambda self: None)  # spaCy: the explain test loads it
     monkeypatch.setenv("VLCTL_SERVE_TOKEN", "tok")
     assert main(["serve", str(world["store"]), "--controlembed", str(world["ce"]), "--host", "0.0.0.0",

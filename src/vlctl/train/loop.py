@@ -238,7 +238,6 @@ def train(
     if resume and not (ckpt_dir / "state.json").is_file():
         # One rule with the recipe runner's: a run killed before its first checkpoint was complete
         # left nothing to resume, so resuming it starts afresh, and says so.
-        import warnings
 
         warnings.warn(f"{ckpt_dir}: no complete checkpoint to resume from (the run stopped before its first "
                       "one was written); starting afresh", stacklevel=2)
