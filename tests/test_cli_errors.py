@@ -200,3 +200,30 @@ def test_an_unknown_option_points_at_its_commands_help(capsys, argv, see):
     """Issue 43: an unknown option said "see vlctl --help", not the subcommand's help."""
     rc, err = _run(argv, capsys)
     _one_line_error(rc, err, f"unrecognized arguments: {' '.join(argv[argv.index('--bogus'):])} (see {see})")
+
+
+def test_a_commands_help_builds_that_command_alone():
+    """`vlctl COMMAND --help` builds only that command's flags (issue 43: --help took 4-10 s while every
+    command's configs, and torch with them, were imported): `tree --help` loads no torch, and each
+    command's help is the one the whole parser gives."""
+    import subprocess
+    import sys
+
+    from vlctl.cli import COMMANDS, build_parser, command_words
+
+    code = ("import sys\nfrom vlctl.cli import main\ntry:\n    main(['tree', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip().splitlines()[-1] == "False", r.stdout[-500:]
+    assert command_words(["--debug", "fit", "sae", "--store", "s"]) == ("fit", "sae")
+    assert command_words(["tree", "a caption"]) == ("tree",) and command_words(["fit"]) is None
+    whole = build_parser()
+    for words, _, _ in COMMANDS:
+        one = build_parser(tuple(words.split()), every=False)
+        sub_whole, sub_one = whole, one
+        for w in words.split():
+            sub_whole = next(a for a in sub_whole._actions if hasattr(a, "choices") and a.choices and w in a.choices
+                             ).choices[w]
+            sub_one = next(a for a in sub_one._actions if hasattr(a, "choices") and a.choices and w in a.choices
+                           ).choices[w]
+        assert sub_one.format_help() == sub_whole.format_help(), words

@@ -65,7 +65,7 @@ def env(tmp_path_factory):
 
     walk(parser, [])
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(vlctl.cli, "build_parser", lambda: parser)
+        mp.setattr(vlctl.cli, "build_parser", lambda *a, **kw: parser)  # main builds one command: here all, built once
         yield paths, commands
 
 

@@ -74,7 +74,21 @@ class _Parser(argparse.ArgumentParser):
         return parsed
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_words(argv: list[str]) -> tuple[str, ...] | None:
+    """The words of the command `argv` names ("fit", "sae"), read before any parser is built: the
+    first one or two arguments that are not top-level flags; None when they name no command."""
+    words = [a for a in argv[:3] if not a.startswith("-")][:2]
+    for n in (2, 1):
+        if " ".join(words[:n]) in {w for w, _, _ in COMMANDS}:
+            return tuple(words[:n])
+    return None
+
+
+def build_parser(only: tuple[str, ...] | None = None, *, every: bool = True) -> argparse.ArgumentParser:
+    """The whole command line. With every=False, only the command `only` gets its flags; the others
+    are named with their help, for `vlctl --help` and a misspelt command's choices. Adding a
+    command's flags imports the modules its configs live in (torch for most), so `vlctl tree --help`
+    builds one command's flags, not all of them."""
     from vlctl import __version__
 
     parser = _Parser(prog="vlctl", description="Controllable vision-language embedding spaces.")
@@ -92,9 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
                 gp = top.add_parser(g, help=GROUPS[g], description=GROUPS[g][0].upper() + GROUPS[g][1:] + ".")
                 groups[g] = gp.add_subparsers(dest=g + "_command", required=True, metavar="COMMAND")
             sub = groups[g]
+        p = sub.add_parser(name, help=help_, description=help_)
+        if not every and tuple(words.split()) != only:
+            continue
         module, func = target.split(":")
         mod = importlib.import_module(f"vlctl.cli.{module}")
-        p = sub.add_parser(name, help=help_, description=help_)
         p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
         getattr(mod, func + "_args")(p)
         flags = {a.dest: (a.option_strings or [a.metavar or a.dest])[0] for a in p._actions}
@@ -182,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"vlctl: error: {bad}", file=sys.stderr)
         return 2
-    parser = build_parser()
+    parser = build_parser(command_words(argv), every=False)  # one command's flags: --help in a fraction of the time
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # a usage error (one line, already printed), or --help / --version
