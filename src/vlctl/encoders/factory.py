@@ -33,11 +33,14 @@ import dataclasses
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from vlctl.encoders.base import Encoder
 from vlctl.fsops import VlctlError
+
+if TYPE_CHECKING:  # the spec grammar (SPEC_FORMS, parse_spec) needs no torch: `vlctl CMD --help` reads it
+    import torch
+
+    from vlctl.encoders.base import Encoder
 
 SPEC_FORMS = (
     "open_clip:<model>[/<pretrained tag or checkpoint path>]  (no tag: random weights, [?seed=N], default 0)",
@@ -174,6 +177,8 @@ def load_encoder(
 
 
 def _tiny(path: str, device: str | torch.device, batch_size: int) -> Encoder:
+    import torch
+
     from vlctl.encoders.tiny_encoder import TinyCLIPEncoder, tiny_spec
     from vlctl.encoders.tiny_pretrained import load_pretrained
 
