@@ -125,7 +125,8 @@ def test_import_vlctl_is_light_and_load_encoder_is_lazy():
         "assert 'load_encoder' in dir(vlctl)\n"
         "f = vlctl.load_encoder\n"
         "import vlctl.encoders.factory\n"
-        "assert f is vlctl.encoders.factory.load_encoder and 'torch' in sys.modules\n"
+        "assert f is vlctl.encoders.factory.load_encoder\n"
+        "assert 'torch' not in sys.modules  # the factory loads torch when it builds an encoder\n"
     )
     env = {**os.environ, "PYTHONPATH": SRC}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True, text=True)
