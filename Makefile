@@ -10,9 +10,9 @@ OUT     ?= runs/demo
 # scripts/system-deps.sh: what pip cannot install (WordNet 3.0, Chromium) through apt when it may
 # (root or passwordless sudo), else one line per missing part; it never fails the make.
 $(STAMP): pyproject.toml scripts/system-deps.sh
-	@sh scripts/system-deps.sh
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e '.[dev]'
+	@sh scripts/system-deps.sh $(BIN)/python
 	touch $(STAMP)
 
 install: $(STAMP)

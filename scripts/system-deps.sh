@@ -21,15 +21,13 @@ set -u
 need=""
 say() { echo "make install: $*" >&2; }
 
-# WordNet where vlctl looks (src/vlctl/captions/wordnet.py): $VLCTL_WORDNET_DIR only, when set; else
-# nltk_data; else Debian's folder.
+# WordNet where vlctl looks: asked of vlctl itself ($1, the venv's python, after pip installed it),
+# so the places looked at ($VLCTL_WORDNET_DIR only when set, else nltk_data, else Debian's folder)
+# are vlctl.captions.wordnet.find_wordnet_root's and no second list of them.
+PYTHON="${1:-python3}"
 have_wordnet() {
-    [ -n "${VLCTL_WORDNET_DIR:-}" ] && { [ -f "$VLCTL_WORDNET_DIR/data.noun" ]; return; }
-    for d in ${NLTK_DATA:-} "$HOME/nltk_data" /usr/share/nltk_data /usr/local/share/nltk_data \
-             /usr/lib/nltk_data /usr/local/lib/nltk_data; do
-        [ -f "$d/corpora/wordnet/data.noun" ] || [ -f "$d/corpora/wordnet.zip" ] && return 0
-    done
-    [ -f /usr/share/wordnet/data.noun ]
+    "$PYTHON" -c 'import sys; from vlctl.captions.wordnet import find_wordnet_root; sys.exit(find_wordnet_root() is None)' \
+        2>/dev/null
 }
 CHROMIUM="${VLCTL_CHROMIUM:-/usr/bin/chromium}"
 

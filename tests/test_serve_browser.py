@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from conftest import CHROMIUM
 from test_serve_api import shared_world, world_state
 
 # tests/conftest.py skips the module where Chromium ($VLCTL_CHROMIUM, else /usr/bin/chromium) or playwright is missing.
 pytestmark = pytest.mark.needs_chromium
-CHROMIUM = os.environ.get("VLCTL_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
 TABS = ("search", "steer", "clusters", "explain", "reports")

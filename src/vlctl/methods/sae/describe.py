@@ -189,17 +189,15 @@ def chunk_rows(n_latents: int, budget: int = 1 << 25) -> int:
 def encode_codes(model, chunks: Iterable[np.ndarray], n_rows: int, step: Callable[[int], None] | None = None) -> Codes:
     """Stream (m, d) chunks of image embeddings through a `TopKSAE` -> their nonzero codes.
 
-    The codes are `model.encode`'s (ReLU of the top k pre-activations), computed without its dense
-    (m, d1) output: TopK's indices and values are kept as they come. `step(m)` after each chunk
-    (a progress bar's update)."""
+    The codes are `model.encode`'s, kept as `model.encode_topk` gives them (no dense (m, d1)
+    output). `step(m)` after each chunk (a progress bar's update)."""
     rows, lats, vals = [], [], []
     start = 0
     for x in chunks:
-        top = model.pre_activation(as_tensor(np.asarray(x, dtype=np.float32))).topk(model.cfg.k, dim=1)
-        v = top.values.numpy()
+        idx, v = (t.numpy() for t in model.encode_topk(as_tensor(np.asarray(x, dtype=np.float32))))
         r, c = np.nonzero(v > 0)
         rows.append(r.astype(np.int64) + start)
-        lats.append(top.indices.numpy()[r, c].astype(np.int64))
+        lats.append(idx[r, c].astype(np.int64))
         vals.append(v[r, c])
         start += len(v)
         if step is not None:

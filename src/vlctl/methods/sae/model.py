@@ -205,6 +205,11 @@ class TopKSAE(nn.Module):
         """(n, d) -> (n, d1) with at most k nonzeros per row: ReLU(TopK(pre))."""
         return self._topk_relu(self.pre_activation(x), self.cfg.k)
 
+    def encode_topk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(n, d) -> (indices, values), each (n, k): `encode`'s kept latents, without its dense output."""
+        top = self.pre_activation(x).topk(self.cfg.k, dim=-1)
+        return top.indices, F.relu(top.values)
+
     @staticmethod
     def _topk_relu(pre: torch.Tensor, k: int) -> torch.Tensor:
         # Keep the k largest pre-activations, ReLU them (a kept negative value becomes 0), zero the rest.
@@ -538,10 +543,9 @@ class SparseAutoencoder(Estimator):
         return pd.DataFrame(desc.rows)
 
     def latents_of(self, image: Any) -> list[dict]:
-        """The latents active in one image, largest first: [{latent, value, name}]. `image` is an
-        embedding (d,) of this SAE's encoder, or an image (file path, PIL image, uint8 array)
-        embedded by the encoder of the last `describe`; names are those `describe` gave (None
-        before it)."""
+        """The latents active in one image, largest first: [{latent, value, name}]. `image` is an embedding
+        (d,) of this SAE's encoder, or an image (file path, PIL image, uint8 array) embedded by the
+        encoder of the last `describe`; names are those `describe` gave (None before it)."""
         from vlctl.methods.sae.describe import active_names
 
         model = self._check_fitted()

@@ -31,7 +31,7 @@ from vlctl.config import config_to_dict, opt
 from vlctl.fsops import VlctlError
 from vlctl.io import atomic_save_safetensors, hash_state_dict, read_json
 from vlctl.methods.base import Estimator, as_matrix, as_tensor, embedding_set, is_store_like
-from vlctl.methods.tevi.fusion import choose_alpha, fusion_note, heldout_figures, holdout_split
+from vlctl.methods.tevi.fusion import fusion_note, heldout_figures, holdout_split, model_alpha
 from vlctl.methods.tevi.scoring import (
     Reranked,
     TopKCodes,
@@ -356,7 +356,7 @@ class TEVI(Estimator):
         self.sae_ = sae
         self.encoder_id_ = sae.encoder_id_
         self.heldout_ = self._measure(held_x, held_captions) if len(held_rows) else None
-        self.alpha_ = cfg.alpha if cfg.alpha is not None else choose_alpha(self.heldout_) if self.heldout_ else 1.0
+        self.alpha_ = model_alpha(cfg.alpha, self.heldout_)
         if self.heldout_:
             self.heldout_["fused"] = self.heldout_["by_alpha"].get(f"{self.alpha_:.1f}")
         return self
@@ -513,7 +513,7 @@ class TEVI(Estimator):
 
         if not hasattr(self, "config_"):  # assembled by hand (mask_ set directly): nothing held out
             self.config_ = dataclasses.replace(self.config, **{f: getattr(mask.cfg, f) for f in self.DATA_FIELDS})
-            self.alpha_, self.heldout_ = self.config_.alpha if self.config_.alpha is not None else 1.0, None
+            self.alpha_, self.heldout_ = model_alpha(self.config_.alpha, None), None
         state = {"text_encoder_finetuned": text_encoder is not None, "alpha": self.alpha_, "heldout": self.heldout_}
         return dict(mask.state_dict()), state, write_extra
 

@@ -84,8 +84,8 @@ def heldout_figures(clip: torch.Tensor, tevi: torch.Tensor, image_of_text: np.nd
         return {"t2i@1": 100.0 * relevant.gather(0, t2i[:1]).double().mean().item(),
                 "i2t@1": 100.0 * relevant.T.gather(0, i2t[:1]).double().mean().item()}
 
-    def best(scores: torch.Tensor) -> torch.Tensor:  # ties to the lower index, as a rerank's
-        return scores.argsort(dim=0, descending=True, stable=True)[:1]
+    def best(scores: torch.Tensor) -> torch.Tensor:  # each column's top row; ties to the lower index, as a rerank's
+        return scores.argmax(dim=0, keepdim=True)
 
     by_alpha = {f"{a:.1f}": r1(fused_order(clip, tevi, k, a), fused_order(clip.T, tevi.T, k, a)) for a in ALPHAS}
     return {"n_images": int(clip.shape[0]), "n_texts": int(clip.shape[1]), "k": min(k, int(clip.shape[0])),
@@ -97,6 +97,12 @@ def choose_alpha(figures: dict) -> float:
     """The α of ALPHAS with the best mean of held-out t2i@1 and i2t@1, the larger α on a tie: α < 1
     only where TEVI beats CLIP's ranking on the held-out pairs."""
     return max(ALPHAS, key=lambda a: (sum(figures["by_alpha"][f"{a:.1f}"].values()), a))
+
+
+def model_alpha(given: float | None, figures: dict | None) -> float:
+    """A fitted model's α: the one given (`TeviConfig.alpha`), else chosen on its held-out figures,
+    else 1 (nothing held out: CLIP's ranking)."""
+    return given if given is not None else choose_alpha(figures) if figures else 1.0
 
 
 def fusion_note(alpha: float, figures: dict | None, how: str) -> str:
