@@ -443,3 +443,33 @@ def test_checklist_accuracy_and_scores():
     scores = checklist_scores(Enc(), x, items)
     np.testing.assert_array_equal(scores["cat"], [[1.0, 0.0], [0.0, 1.0]])
     assert scores["cat"].dtype == np.float64 and metrics.checklist_accuracy(scores["cat"]) == 50.0
+
+
+def test_in_batch_hard_negatives_counts_pairs_exactly():
+    """One-word and rebound pairs against a brute-force count; expected per batch = pairs B(B-1)/(n(n-1))."""
+    import itertools
+
+    from vlctl.eval.metrics import in_batch_hard_negatives
+
+    caps = ["a red cube", "a blue cube", "a red cube", "cube red a", "A red sphere and a blue cube",
+            "a blue sphere and a red cube", "a blue sphere and a red cube", "x", "a red cube left of a ball"]
+    r = in_batch_hard_negatives(caps, 4)
+    words = [tuple(c.lower().split()) for c in caps]
+    one = sum(a != b and len(a) == len(b) and sum(x != y for x, y in zip(a, b)) == 1
+              for a, b in itertools.combinations(words, 2))
+    reb = sum(a != b and sorted(a) == sorted(b) for a, b in itertools.combinations(words, 2))
+    assert (r["one_word_pairs"], r["rebound_pairs"]) == (one, reb) == (2, 4)
+    n = len(caps)
+    assert r["pairs"] == n * (n - 1) // 2
+    assert r["one_word_per_batch"] == pytest.approx(one * 4 * 3 / (n * (n - 1)))
+    assert r["rebound_share"] == pytest.approx(100 * reb / r["pairs"])
+    # the expectation matches shuffled batches (Monte Carlo, loose)
+    rng = np.random.default_rng(0)
+    seen = []
+    for _ in range(3000):
+        order = rng.permutation(n)
+        batches = [order[i:i + 4] for i in range(0, n - n % 4, 4)]
+        seen.append(np.mean([sum(words[a] != words[b] and sorted(words[a]) == sorted(words[b])
+                                 for a, b in itertools.combinations(bt, 2)) for bt in batches]))
+    assert np.mean(seen) == pytest.approx(r["rebound_per_batch"], rel=0.1)
+    assert in_batch_hard_negatives([], 4)["one_word_per_batch"] == 0.0

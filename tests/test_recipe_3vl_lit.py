@@ -214,6 +214,21 @@ def test_recipe_miniature_end_to_end(tmp_path):
     assert r["anchor_token_removal"]["object"]["n"] == 3
     assert 0.5 < r["minilm_text_cosine"]["attribute_swap"] <= 1.0
     assert r["negative_checks"]["kept"] > 0
+    # paired differences recomputed from the arrays: per seed, the difference of the category averages
+    acc = {m: np.mean([100 * np.mean(arr[f"scores_{m}_s0__{c}"][:, 0] > arr[f"scores_{m}_s0__{c}"][:, 1])
+                       for c in CHECKLIST_CATEGORIES]) for m in BASE_MODELS}
+    assert r["paired"]["contrastive_minus_base"]["mean"] == pytest.approx(acc["contrastive"] - acc["base"])
+    lo, hi = r["paired"]["tree_minus_base"]["ci95"]
+    assert lo <= acc["tree"] - acc["base"] <= hi
+    rel = arr["train_relation_tree_s0"]
+    assert len(rel) == r["n_train_relation"] > 0
+    assert r["train_relation"]["tree"] == pytest.approx(100 * np.mean(rel[:, 0] > rel[:, 1]))
+    assert r["hard_negatives"]["batch_size"] == MINI.ft_batch_size
+    assert r["answer"]["cause"] in ("tree_wins", "premise_not_reached", "hard_negatives_in_batches",
+                                    "relations_not_learnable", "loss_does_not_help")
+    text = report.read_text()
+    # the answer, then the premise's two checks, before any comparison
+    assert text.index("**Answer:") < text.index("contrastive fine-tuning − base") < text.index("Checklist accuracy")
     # the fine-tuned models differ from their base (LoRA trained), and a rerun reuses every stage
     assert not np.array_equal(arr["scores_base_s0__object"], arr["scores_tree_s0__object"])
     run(tmp_path / "out", cfg=MINI)
@@ -234,3 +249,37 @@ def test_base_key_names_the_pooling_only_when_it_is_not_the_class_token():
     assert "vision_pool" not in key
     pooled = three_vl_lit.base_stage_key(dataclasses.replace(cfg, vision_pool="cls_mean"), 0)
     assert pooled == {**key, "vision_pool": "cls_mean"}
+
+
+def _results(base=70.0, contrastive=70.5, tree=72.0, swap=50.0, relation=50.0, per_batch=0.05, train_rel=50.0,
+             tree_rel=50.0, lo=0.5):
+    cell = (lambda v: {"mean": v})
+    acc = {m: {"attribute_swap": cell(swap), "relation_spatial": cell(relation), "average": cell(v)}
+           for m, v in (("base", base), ("contrastive", contrastive), ("negclip", contrastive), ("tree", tree))}
+    acc["tree"]["relation_spatial"] = cell(tree_rel)
+
+    def d(x, lo_=None):
+        return {"mean": x, "per_seed": [x], "ci95": [x - 1 if lo_ is None else lo_, x + 1]}
+
+    return {"accuracy": acc, "best_baseline": "contrastive", "train_relation": {"base": 50.0, "tree": train_rel},
+            "paired": {"contrastive_minus_base": d(contrastive - base), "tree_minus_base": d(tree - base),
+                       "tree_minus_best_baseline": d(tree - contrastive, lo)},
+            "hard_negatives": {"one_word_per_batch": per_batch, "rebound_per_batch": 0.0, "batch_size": 32},
+            "fits": {"tree_s0": {"steps": 1000}}}
+
+
+def test_answer_names_the_first_measured_cause():
+    from vlctl.recipes.threevl.lit_report import answer, premise
+
+    cfg = MINI
+    assert answer(cfg, _results(base=60, contrastive=61, tree=75, lo=13))[0] == "tree_wins"
+    # contrastive gains 1 point or more: the base had not converged, whatever the tree does
+    r = _results(base=70, contrastive=72, tree=74)
+    assert premise(r)["contrastive_gains_under_1"] is False
+    assert answer(cfg, r)[0] == "premise_not_reached"
+    assert answer(cfg, _results(swap=70))[0] == "premise_not_reached"  # the base binds already
+    assert answer(cfg, _results(per_batch=1.5))[0] == "hard_negatives_in_batches"
+    cause, text = answer(cfg, _results())
+    assert cause == "relations_not_learnable" and "1000 steps" in text
+    assert answer(cfg, _results(train_rel=80.0))[0] == "loss_does_not_help"
+    assert answer(cfg, _results(tree_rel=70.0))[0] == "loss_does_not_help"

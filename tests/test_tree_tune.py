@@ -231,6 +231,10 @@ def test_tree_tensors_padding_and_subsampling():
     assert torch.equal(tok[0, 1, 0], model.tokenize(["a red circle left of a blue square"])[0])
     tok1, _ = tree_tensors(trees, model.tokenize, max_levels=1, max_negatives=8)
     assert tok1.shape[1] == 1 and torch.equal(tok1[0, 0, 0], model.tokenize(["a red circle left of a blue square"])[0])
+    # 0 = no cap (the paper's trees): every level and every negative
+    tok0, mask0 = tree_tensors(trees, model.tokenize, max_levels=0, max_negatives=0)
+    assert tok0.shape == (2, 2, 4, 12) and int(mask0.sum()) == 2 + 3 + 4
+    assert torch.equal(tok0[1, 0, 3], model.tokenize(["a red circle"])[0])
 
 
 @pytest.mark.parametrize("mode", ["contrastive", "negclip", "tree"])

@@ -1,5 +1,6 @@
 """Evaluation metrics for embedding spaces: retrieval, mAP, clustering, zero-shot, ROC AUC,
-recall of rankings given as orders, attribute relevance, checklist accuracy.
+recall of rankings given as orders, attribute relevance, checklist accuracy, and how many hard
+negatives a caption set puts in random batches (`in_batch_hard_negatives`).
 
 Pure functions over numpy arrays (torch tensors are accepted and converted). Summary figures
 (recall, mAP, accuracies, AUC) are returned as percentages in [0, 100] so that every number in a
@@ -22,6 +23,7 @@ __all__ = [
     "caption_relevance",
     "checklist_accuracy",
     "cluster_accuracy",
+    "in_batch_hard_negatives",
     "mean_average_precision",
     "positive_pair_cosine",
     "recall_at_k",
@@ -541,3 +543,45 @@ def checklist_accuracy(scores: Any) -> float:
     if scores.ndim != 2 or scores.shape[1] != 2:
         raise ValueError(f"scores: expected (n, 2) [positive, negative] scores, got shape {scores.shape}")
     return 100.0 * float((scores[:, 0] > scores[:, 1]).mean()) if len(scores) else float("nan")
+
+
+def in_batch_hard_negatives(captions: Iterable[str], batch_size: int) -> dict[str, float]:
+    """How many hard negatives plain contrastive training meets among its own batches.
+
+    Two distinct captions (words split on whitespace, lower-cased) form a
+    - "one_word" pair: the same number of words, differing at exactly one position ("a red cube"
+      / "a blue cube": the one-word negative of a 3VL tree), or a
+    - "rebound" pair: the same multiset of words in another order ("a red cube and a blue
+      sphere" / "a blue cube and a red sphere": the same words bound differently).
+    Identical captions form neither. With n captions shuffled into batches of B, a pair shares a
+    batch with probability (B - 1) / (n - 1), so the expected count per batch is
+    pairs * B (B - 1) / (n (n - 1)) (exact, no sampling).
+
+    Returns {"n", "batch_size", "pairs", "one_word_pairs", "rebound_pairs", "one_word_per_batch",
+    "rebound_per_batch", "one_word_share", "rebound_share"} (shares in percent of all pairs).
+    """
+    from collections import Counter
+
+    words = [tuple(str(c).lower().split()) for c in captions]
+    n = len(words)
+    if batch_size < 1:
+        raise ValueError(f"batch_size: expected >= 1, got {batch_size}")
+    counts = Counter(words)
+    # one_word: distinct captions sharing every word but position j (a key per masked position)
+    masked: Counter = Counter()
+    for w, c in counts.items():
+        for j in range(len(w)):
+            masked[(j, w[:j] + w[j + 1:])] += c
+    same_at_all_but = sum(c * (c - 1) // 2 for c in masked.values())
+    identical = sum(c * (c - 1) // 2 for c in counts.values())
+    # an identical pair shares all len(w) masked keys, a one-word pair exactly one, others none
+    one_word = same_at_all_but - sum(len(w) * c * (c - 1) // 2 for w, c in counts.items())
+    bags: Counter = Counter(tuple(sorted(w)) for w in words)
+    rebound = sum(c * (c - 1) // 2 for c in bags.values()) - identical
+    pairs = n * (n - 1) // 2
+    b = min(batch_size, n)
+    per_batch = b * (b - 1) / (n * (n - 1)) if n > 1 else 0.0
+    return {"n": n, "batch_size": b, "pairs": pairs, "one_word_pairs": one_word, "rebound_pairs": rebound,
+            "one_word_per_batch": one_word * per_batch, "rebound_per_batch": rebound * per_batch,
+            "one_word_share": 100.0 * one_word / pairs if pairs else 0.0,
+            "rebound_share": 100.0 * rebound / pairs if pairs else 0.0}

@@ -119,9 +119,10 @@ def tree_tensors(trees: Sequence[list[dict]], tokenize, max_levels: int = 8, max
     `trees[i]` is TreeGenerator.tree(caption_i): levels coarse -> fine, each {"positive",
     "negatives"}. Levels beyond `max_levels` keep the finest ones (the last level is the
     caption); more than `max_negatives` negatives are subsampled (seeded by (seed, i, level)).
-    Texts are tokenized once (unique texts).
+    0 = no cap (the paper's trees). Texts are tokenized once (unique texts).
     """
-    levels = [list(t)[-max_levels:] for t in trees]
+    max_negatives = max_negatives or np.iinfo(np.int64).max
+    levels = [list(t)[-max_levels:] if max_levels else list(t) for t in trees]
     n_l = max((len(t) for t in levels), default=1) or 1
     n_k = max((min(len(lv["negatives"]), max_negatives) for t in levels for lv in t), default=0)
     texts: dict[str, int] = {}
@@ -162,8 +163,8 @@ class TreeTuneConfig:
     epochs: int = opt(5, "passes over the fine-tuning set", ge=1, le=100_000)
     batch_size: int = opt(64, "batch size", ge=1, le=4096)
     warmup_steps: int = opt(20, "linear warmup steps", ge=0, le=10**9)
-    max_levels: int = opt(8, "tree levels kept per caption (the finest)", ge=1, le=1000)
-    max_negatives: int = opt(8, "negatives kept per tree level", ge=1, le=1000)
+    max_levels: int = opt(8, "tree levels kept per caption (the finest; 0: all, as the paper)", ge=0, le=1000)
+    max_negatives: int = opt(8, "negatives kept per tree level (0: all, as the paper)", ge=0, le=1000)
     patch_dropout: float = opt(0.0, "probability that a batch's images are encoded from a random subset of their "
                                "patches (see patch_keep)", ge=0, le=1)
     seed: int = opt(0, "seed of adapters' init, data order and negative subsampling", ge=0, le=2**32 - 1)

@@ -55,6 +55,7 @@ from vlctl.data.scenes import (
     vocabulary,
 )
 from vlctl.eval.checklist import checklist_scores, row_cosine
+from vlctl.eval.metrics import in_batch_hard_negatives
 from vlctl.fsops import VlctlError
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
 from vlctl.recipes.runner import Runner
@@ -66,6 +67,7 @@ from vlctl.recipes.threevl.lit_report import (
     _figure,
     _report,
     _targets,
+    answer,
     results_from_arrays,
 )
 from vlctl.recipes.threevl.scenes_report import PAPER
@@ -83,7 +85,11 @@ _WORD_ATTR = {v: a for a, vals in VALUES.items() for v in vals}
 @dataclasses.dataclass(frozen=True)
 class ThreeVLLitRecipe:
     n_train: int = opt(3000, "train-split scenes (base pre-training on their alt-texts)", ge=1, le=10**7)
-    alt_per_scene: int = opt(2, "alt-text captions per train scene", ge=1, le=100)
+    alt_per_scene: int = opt(2, "alt-text captions per train scene (base_captions 'alt')", ge=1, le=100)
+    base_captions: str = opt("alt", "what the base is pre-trained on: the train scenes' 'full' captions (the "
+                             "fine-tuning split's caption distribution: the paper's premise, a base already "
+                             "converged on it) or 'alt' texts (random unbound subsets of objects and attributes)",
+                             choices=("full", "alt"), added=True)
     n_finetune: int = opt(1500, "finetune-split scenes (LoRA fine-tuning on their full captions)", ge=1, le=10**7)
     ft_p_three: float = opt(0.4, "probability that a finetune-split scene has 3 objects (0: two-object scenes only, "
                             "where a relation names the only two objects; docs/findings.md)", ge=0, le=1)
@@ -114,9 +120,9 @@ class ThreeVLLitRecipe:
     towers: str = opt("both", "adapters on 'both' towers, the 'text' (MiniLM) or the 'visual' one",
                       choices=("both", "visual", "text"))
     alpha: float = opt(0.5, "3VL weight of L_tree", ge=0, le=1)
-    level_reduction: str = opt("mean", "tree levels: 'sum' (paper) or 'mean' (authors' code)", choices=("sum", "mean"))
-    max_levels: int = opt(3, "tree levels kept per caption (the finest)", ge=1, le=1000)
-    max_negatives: int = opt(3, "negatives kept per tree level", ge=1, le=1000)
+    level_reduction: str = opt("sum", "tree levels: 'sum' (paper) or 'mean' (authors' code)", choices=("sum", "mean"))
+    max_levels: int = opt(3, "tree levels kept per caption (the finest; 0: all, as the paper)", ge=0, le=1000)
+    max_negatives: int = opt(3, "negatives kept per tree level (0: all, as the paper)", ge=0, le=1000)
     n_relevancy: int = opt(100, "items per category for Anchor token removal", ge=1, le=10**6)
     removal_fraction: float = opt(0.65, "Anchor token removal fraction", ge=0, le=1)
     n_bootstrap: int = opt(1000, "bootstrap resamples of the test items", ge=10, le=10**6)
@@ -313,6 +319,23 @@ def extra_items(labels: list[dict], category: str, seed: int = 0) -> list[dict]:
     return items
 
 
+# Fine-tuning scenes whose caption is tested against its relation swap with every model: whether
+# a loss fits the relations of the scenes it trained on (learnable in the budget) or not even those.
+TRAIN_RELATION_ITEMS = 300
+
+
+def relation_swap_items(labels: list[dict], n: int) -> list[dict]:
+    """Items "caption vs. the caption with its relation reversed" ("left of" <-> "right of", "above"
+    <-> "below") of the first `n` scenes whose reversed caption is false of the scene."""
+    items = []
+    for idx, lab in enumerate(labels[:n]):
+        st = lab["structure"]
+        neg = {**st, "rel": OPPOSITE_RELATION[st["rel"]]}
+        if not caption_holds(neg, lab["objects"]):
+            items.append({"index": idx, "pos": render_caption(st), "neg": render_caption(neg), "pos_tag": "ADP"})
+    return items
+
+
 def test_items(data_dir: Path, seed: int) -> dict[str, list[dict]]:
     labels = load_scenes(data_dir / "test")["labels"]
     items = {c: load_checklist(data_dir / "test", c) for c in CHECKLIST_CATEGORIES}
@@ -372,9 +395,12 @@ def _base(cfg: ThreeVLLitRecipe, seed: int, data_dir: Path, work: Path, resume: 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     d = load_scenes(data_dir / "train")
-    alt = read_json(data_dir / "alt_text.json", "alt_text.json")
-    captions = [c for per in alt for c in per]
-    images = np.repeat(np.asarray(d["images"]), cfg.alt_per_scene, axis=0)
+    if cfg.base_captions == "full":  # the fine-tuning split's caption distribution, one caption per scene
+        captions, images = [lab["caption"] for lab in d["labels"]], np.asarray(d["images"])
+    else:
+        alt = read_json(data_dir / "alt_text.json", "alt_text.json")
+        captions = [c for per in alt for c in per]
+        images = np.repeat(np.asarray(d["images"]), cfg.alt_per_scene, axis=0)
     model = tiny_model.create_model(lit_config(cfg), seed=seed)
     model.text.share_cache(_SHARED_SENTENCE_CACHE)
     loop = LoopConfig(epochs=cfg.base_epochs, batch_size=cfg.base_batch_size, lr=cfg.base_lr, weight_decay=0.1,
@@ -425,7 +451,8 @@ def load_tuned(stage_dir: Path):
     return model.eval()
 
 
-def _evaluate(cfg: ThreeVLLitRecipe, data_dir: Path, base_dirs: dict, ft_dirs: dict, work: Path) -> None:
+def _evaluate(cfg: ThreeVLLitRecipe, data_dir: Path, ft_data_dir: Path, base_dirs: dict, ft_dirs: dict,
+              work: Path) -> None:
     import torch
 
     from vlctl.captions.anchor import anchor_text
@@ -440,6 +467,8 @@ def _evaluate(cfg: ThreeVLLitRecipe, data_dir: Path, base_dirs: dict, ft_dirs: d
     items = test_items(data_dir, cfg.data_seed)
     arrays: dict[str, np.ndarray] = {}
     x_all = None
+    ft = load_scenes(ft_data_dir / "finetune")
+    rel_items = relation_swap_items(ft["labels"], TRAIN_RELATION_ITEMS)
     t0 = time.perf_counter()
     for seed in cfg.seeds:
         for name in BASE_MODELS:
@@ -454,6 +483,8 @@ def _evaluate(cfg: ThreeVLLitRecipe, data_dir: Path, base_dirs: dict, ft_dirs: d
             with torch.no_grad():
                 for c, scores in checklist_scores(enc, x_all, items).items():
                     arrays[f"scores_{name}_s{seed}__{c}"] = scores
+                x_ft = enc.preprocess_batch(np.asarray(ft["images"][:TRAIN_RELATION_ITEMS]))
+                arrays[f"train_relation_{name}_s{seed}"] = checklist_scores(enc, x_ft, {"r": rel_items})["r"]
             if name == "tree":  # Anchor token removal on the first n_relevancy items of each category
                 for c in CHECKLIST_CATEGORIES:
                     its = items[c][: cfg.n_relevancy]
@@ -503,7 +534,7 @@ def stage_keys(cfg: ThreeVLLitRecipe) -> dict:
 def base_stage_key(cfg: ThreeVLLitRecipe, seed: int, keys: dict | None = None) -> dict:
     """The key of stage base_s<seed> (`keys`: `stage_keys(cfg)`, when already computed)."""
     fields = ("vision_model", "context_length", "base_epochs", "base_batch_size", "base_lr", "temperature_lr",
-              "base_warmup_steps", "vision_pool")
+              "base_warmup_steps", "vision_pool", "base_captions")
     return {"data": (keys or stage_keys(cfg))["data"], "seed": seed, **config_fields(cfg, fields)}
 
 
@@ -533,9 +564,10 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitReci
                 f"finetune_{mode}_s{seed}", key,
                 lambda w, mode=mode, seed=seed: _finetune(cfg, mode, seed, base_dirs[seed], ft_data_dir, trees_dir, w))
     eval_key = {"models": {f"{m}_s{s}": d.name for (m, s), d in ft_dirs.items()},
-                "bases": {s: d.name for s, d in base_dirs.items()},
+                "bases": {s: d.name for s, d in base_dirs.items()}, "train_relation_items": TRAIN_RELATION_ITEMS,
                 **{f: getattr(cfg, f) for f in ("n_relevancy", "removal_fraction")}}
-    eval_dir = runner.stage("evaluate", eval_key, lambda w: _evaluate(cfg, data_dir, base_dirs, ft_dirs, w))
+    eval_dir = runner.stage("evaluate", eval_key,
+                            lambda w: _evaluate(cfg, data_dir, ft_data_dir, base_dirs, ft_dirs, w))
 
     arr = np.load(eval_dir / "eval.npz")
     arrays = out / "arrays"
@@ -553,7 +585,12 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitReci
                          "mean_negatives": float(np.mean([sum(len(lv["negatives"]) for lv in t)
                                                           for t in tinfo["trees"]])),
                          "negclip_coverage": float(np.mean([n is not None for n in tinfo["negatives"]]))}}
+    ft_labels = load_scenes(ft_data_dir / "finetune")["labels"]
+    results["hard_negatives"] = in_batch_hard_negatives([lab["caption"] for lab in ft_labels], cfg.ft_batch_size)
+    results["n_train_relation"] = len(relation_swap_items(ft_labels, TRAIN_RELATION_ITEMS))
     results["targets"] = _targets(results)
+    cause, text = answer(cfg, results)
+    results["answer"] = {"cause": cause, "text": text}
     _figure(out, results)
     results["timings"] = {**runner.timings, "total_seconds": time.perf_counter() - t_start}
     atomic_write_json(out / "results.json", results)

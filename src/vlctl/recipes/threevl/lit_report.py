@@ -24,41 +24,6 @@ CATEGORIES = (*CHECKLIST_CATEGORIES, *EXTRA_CATEGORIES)
 POS_TAGS = ("NOUN", "ADJ", "ADP")
 
 
-def shortfall(cfg, r: dict) -> str:
-    """Where this run falls short of the targets, and why, with this run's numbers (the levers
-    measured outside the recipe are in experiments/relation_levers/README.md)."""
-    a = {m: {c: v["mean"] for c, v in cats.items()} for m, cats in r["accuracy"].items()}
-    steps = r.get("fits", {}).get(f"tree_s{cfg.seeds[0]}", {}).get("steps", "?")  # as the loop counted them
-    best = r["best_baseline"]
-    an = r["anchor_token_removal"]["average"]
-    b = a["base"]
-    seen = (f"single-object items reach {b['single_object']:.1f}" + ("" if b["single_object"] >= 90 else
-            f", not 90: colour is seen ({b['attribute_color']:.1f}), size and texture less "
-            f"({b['attribute_size']:.1f}, {b['attribute_material']:.1f})") +
-            f" after {cfg.base_epochs} epochs of {cfg.n_train * cfg.alt_per_scene:,} alt-text pairs, the ViT "
-            f"pooling {'its class token and its patch tokens' if cfg.vision_pool == 'cls_mean' else 'its class token'}")
-    return (
-        f"Where ours falls short, and why. The base is bag-of-words where the issue expects it: attribute swap "
-        f"{b['attribute_swap']:.1f} and relation {b['relation_spatial']:.1f}; {seen}. Fine-tuning ({steps} LoRA "
-        f"steps: {cfg.ft_epochs} epoch(s) of {cfg.n_finetune:,} scenes at batch {cfg.ft_batch_size}, rank {cfg.rank} on "
-        f"MiniLM's last {cfg.minilm_layers} layers and the ViT) lifts every loss alike: tree {a['tree']['average']:.1f}, "
-        f"contrastive {a['contrastive']['average']:.1f}, NegCLIP {a['negclip']['average']:.1f} against the base's "
-        f"{b['average']:.1f}. In-batch captions of these scenes already differ in one attribute or object, so "
-        f"the contrastive loss sees hard negatives too, and the tree's extra negatives add nothing measurable "
-        f"(tree − {best} {a['tree']['average'] - a[best]['average']:+.1f}). Relations stay at chance for every loss "
-        f"(tree {a['tree']['relation_spatial']:.1f}), and with them the ADP failures. Every relation level has its "
-        f"left/right or above/below negative, so it is not the data: LoRA on this base does not learn relations in "
-        f"the steps a CPU allows. Measured outside the recipe (experiments/relation_levers/README.md): a model "
-        f"trained from scratch learns them (79.2 on test, mixed scenes) only when its ViT also pools its patch tokens "
-        f"and the relation swap is a hard negative, after about 500 steps of batch 128 (InfoNCE alone: 49.5; class "
-        f"token alone: 50.5); with that ViT in the base, 444 LoRA steps (12 epochs) still leave relations at chance "
-        f"for every loss while attribute swap rises to 68-72; 888 steps at rank 16 on the class-token base fit the "
-        f"relations of 1,200 training scenes (66.8) and do not generalise (45.7). Anchor token removal at "
-        f"{cfg.removal_fraction:.0%} costs {an['no_removal'] - an['anchor_tr']:.1f} points: the base never saw patch "
-        f"subsets (`ft_patch_dropout` {cfg.ft_patch_dropout} in fine-tuning)."
-    )
-
-
 # --- statistics ----------------------------------------------------------------------------------
 
 
@@ -137,33 +102,96 @@ def results_from_arrays(arr, cfg, pos_tags: dict[str, list[str]]) -> dict:
     best = max(("contrastive", "negclip"), key=lambda m: table[m]["average"]["mean"])
     diffs = {c: 100.0 * (correct["tree"][c].mean(0) - correct[best][c].mean(0)) for c in CHECKLIST_CATEGORIES}
     text_cos = {c: float(np.mean(arr[f"minilm_cosine__{c}"])) for c in CATEGORIES}
+
+    def paired(a: str, b: str) -> dict:
+        """a − b on the checklist average: per seed, and a bootstrap interval of the paired per-item differences."""
+        d = {c: correct[a][c].astype(float) - correct[b][c] for c in CHECKLIST_CATEGORIES}
+        lo, hi = average_interval(d, cfg.n_bootstrap)
+        per_seed = [x - y for x, y in zip(table[a]["average"]["per_seed"], table[b]["average"]["per_seed"])]
+        return {"mean": float(np.mean(per_seed)), "per_seed": per_seed, "ci95": [lo, hi]}
+
+    train_rel = {m: float(np.mean([checklist_accuracy(arr[f"train_relation_{m}_s{s}"]) for s in seeds]))
+                 for m in BASE_MODELS if f"train_relation_{m}_s{seeds[0]}" in arr}
     return {"accuracy": table, "anchor_token_removal": anchor, "failures_by_pos": failures,
             "n_items_by_pos": n_by_pos, "n_items": {c: int(correct["base"][c].shape[1]) for c in CATEGORIES},
             "minilm_text_cosine": text_cos, "best_baseline": best,
+            "paired": {"contrastive_minus_base": paired("contrastive", "base"), "negclip_minus_base":
+                       paired("negclip", "base"), "tree_minus_base": paired("tree", "base"),
+                       "tree_minus_best_baseline": paired("tree", best)},
+            "train_relation": train_rel,
             "items_per_category_for_2_points": items_for_difference(diffs)}
+
+
+# In random batches, fewer hard pairs (one-word or rebound captions, `in_batch_hard_negatives`)
+# than this per batch leave plain contrastive fine-tuning without hard negatives (COCO: ~0).
+MATERIAL_HARD_PAIRS_PER_BATCH = 1.0
+PREMISE_GAIN = 1.0  # contrastive − base below this: more contrastive training teaches the base nothing
+BAG_OF_WORDS = 65.0  # base attribute swap and relation at most this: the base does not bind
+
+
+def premise(r: dict) -> dict[str, bool]:
+    """The paper's premise, both checks: more contrastive training gains nothing, the base does not bind."""
+    b = r["accuracy"]["base"]
+    return {"contrastive_gains_under_1": r["paired"]["contrastive_minus_base"]["mean"] < PREMISE_GAIN,
+            "base_swap_and_relation_at_most_65": max(b["attribute_swap"]["mean"],
+                                                     b["relation_spatial"]["mean"]) <= BAG_OF_WORDS}
 
 
 def _targets(r: dict) -> dict:
     a = r["accuracy"]
-    bow = max(a["base"]["attribute_swap"]["mean"], a["base"]["relation_spatial"]["mean"])
-    best = r["best_baseline"]
     f_base, f_tree = r["failures_by_pos"]["base"], r["failures_by_pos"]["tree"]
 
     def cut(tag):
         return 1.0 - f_tree[tag] / f_base[tag] if f_base[tag] else 0.0
 
+    best = r["paired"]["tree_minus_best_baseline"]
     return {
-        "base_bag_of_words (swap and relation <= 65, single object >= 90)":
-            bow <= 65 and a["base"]["single_object"]["mean"] >= 90,
-        "tree_beats_base_by_10": a["tree"]["average"]["mean"] - a["base"]["average"]["mean"] >= 10,
-        "tree_beats_best_baseline_by_2": a["tree"]["average"]["mean"] - a[best]["average"]["mean"] >= 2,
-        "tree_vs_best_baseline_intervals_disjoint": a["tree"]["average"]["ci95"][0] > a[best]["average"]["ci95"][1],
+        **{f"premise: {k}": v for k, v in premise(r).items()},
+        "tree_beats_base_by_10": r["paired"]["tree_minus_base"]["mean"] >= 10,
+        "tree_beats_best_baseline_by_2_paired_interval_above_0": best["mean"] >= 2 and best["ci95"][0] > 0,
         "tree_relation_at_least_65": a["tree"]["relation_spatial"]["mean"] >= 65,
         "adj_failures_cut_30pct": cut("ADJ") >= 0.3,
         "adp_failures_cut_30pct": cut("ADP") >= 0.3,
-        "anchor_tr_65_loses_at_most_2": r["anchor_token_removal"]["average"]["no_removal"]
-        - r["anchor_token_removal"]["average"]["anchor_tr"] <= 2,
     }
+
+
+def answer(cfg, r: dict) -> tuple[str, str]:
+    """(cause, sentence): whether the tree loss wins, or the first measured cause, in the issue's order:
+    premise not reached, hard negatives in batches anyway, relations not learnable in the budget,
+    the loss itself."""
+    a, pr = r["accuracy"], r["paired"]
+    tb, tbest, cb = pr["tree_minus_base"], pr["tree_minus_best_baseline"], pr["contrastive_minus_base"]
+    best = r["best_baseline"]
+    hard = r.get("hard_negatives", {})
+    per_batch = hard.get("one_word_per_batch", 0.0) + hard.get("rebound_per_batch", 0.0)
+    steps = r.get("fits", {}).get(f"tree_s{cfg.seeds[0]}", {}).get("steps", "?")
+    trel = r.get("train_relation", {})
+    if tbest["mean"] >= 2 and tbest["ci95"][0] > 0 and tb["mean"] >= 10:
+        return "tree_wins", (f"The tree loss wins: tree − base {tb['mean']:+.1f} points, tree − {best} "
+                             f"{tbest['mean']:+.1f} [{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}].")
+    b = a["base"]
+    if not all(premise(r).values()):
+        return "premise_not_reached", (
+            f"Premise not reached: contrastive fine-tuning gains {cb['mean']:+.1f} points over the base "
+            f"[{cb['ci95'][0]:+.1f}, {cb['ci95'][1]:+.1f}] (needs < {PREMISE_GAIN:g}), base attribute swap "
+            f"{b['attribute_swap']['mean']:.1f} and relation {b['relation_spatial']['mean']:.1f} (need ≤ "
+            f"{BAG_OF_WORDS:g}): a comparison of the losses on this base does not test the paper's claim.")
+    if per_batch >= MATERIAL_HARD_PAIRS_PER_BATCH:
+        return "hard_negatives_in_batches", (
+            f"Hard negatives present in batches anyway: {per_batch:.2f} one-word or rebound caption pairs per "
+            f"batch of {hard.get('batch_size')}, so plain contrastive training sees what the tree adds.")
+    if a["tree"]["relation_spatial"]["mean"] < BAG_OF_WORDS and trel.get("tree", 100.0) < BAG_OF_WORDS:
+        return "relations_not_learnable", (
+            f"Relations not learnable by LoRA in the budget: after {steps} steps the tree model reads the relation "
+            f"of its own fine-tuning scenes at {trel['tree']:.1f} (base {trel.get('base', float('nan')):.1f}) and "
+            f"of the test scenes at {a['tree']['relation_spatial']['mean']:.1f}; the premise holds (contrastive "
+            f"{cb['mean']:+.1f}) and batches hold {per_batch:.2f} hard pairs each. Tree − {best} "
+            f"{tbest['mean']:+.1f} [{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}], tree − base {tb['mean']:+.1f}.")
+    return "loss_does_not_help", (
+        f"The loss itself does not help once the premise holds (contrastive {cb['mean']:+.1f}), batches hold "
+        f"{per_batch:.2f} hard pairs each and relations are learnable (tree on its own scenes "
+        f"{trel.get('tree', float('nan')):.1f}): tree − {best} {tbest['mean']:+.1f} "
+        f"[{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}], tree − base {tb['mean']:+.1f}.")
 
 
 ARRAYS_README = """# arrays/
@@ -178,6 +206,9 @@ the five VL-CheckList categories.
 `anchor_tr_s<seed>__<category>` (n_relevancy, 2): the tree model's scores with its image
 re-encoded from the (1 - removal_fraction) most relevant patches of the Anchor map; compare with
 the first n_relevancy rows of scores_tree_s<seed>__<category>.
+`train_relation_<model>_s<seed>` (n, 2): [cosine(image, caption), cosine(image, caption with its
+relation reversed)] on the first fine-tuning scenes (vlctl.recipes.threevl.lit.relation_swap_items):
+whether a model fits the relations of the scenes it was fine-tuned on.
 `minilm_cosine__<category>` (n,): cosine between the positive and the negative text in the
 frozen MiniLM's normalised sentence embeddings (text only).
 """
@@ -201,14 +232,45 @@ def _fmt(cell: dict) -> str:
 def _report(cfg, r: dict, quick: bool) -> Report:
     """report.md of a run: `cfg` its ThreeVLLitRecipe, `r` its results.json."""
     rep = Report(f"3vl-lit{' (--quick)' if quick else ''}: 3VL on a LiT base (frozen MiniLM) over compositional scenes")
+    pr, b = r["paired"], r["accuracy"]["base"]
+    held = premise(r)
+    cb = pr["contrastive_minus_base"]
+    rep.text(f"**Answer: {r['answer']['text']}**")
+    rep.table(["premise check (the paper's: a base converged on the captions, that does not bind)", "measured",
+               "needed", "holds"],
+              [["contrastive fine-tuning − base, checklist average (paired 95% interval)",
+                f"{cb['mean']:+.1f} [{cb['ci95'][0]:+.1f}, {cb['ci95'][1]:+.1f}]", f"< {PREMISE_GAIN:g}",
+                str(held["contrastive_gains_under_1"])],
+               ["base attribute swap / relation", f"{b['attribute_swap']['mean']:.1f} / {b['relation_spatial']['mean']:.1f}",
+                f"≤ {BAG_OF_WORDS:g}", str(held["base_swap_and_relation_at_most_65"])]])
+    if not all(held.values()):
+        rep.text("The premise does not hold on this run: the comparison below does not test the paper's claim.")
+    h = r["hard_negatives"]
+    base_src = (f"the full captions of {cfg.n_train:,} train scenes (the fine-tuning split's caption distribution, "
+                f"configurations disjoint)" if cfg.base_captions == "full" else
+                f"{cfg.alt_per_scene} alt-text captions of each of {cfg.n_train:,} train scenes")
+    cap = (lambda v, what: "all" if v == 0 else f"at most {v} {what}")
     rep.text(f"Base: ViT of `{cfg.vision_model}` ({cfg.image_size} px) from scratch + frozen all-MiniLM-L6-v2 + "
-             f"trainable projection, trained contrastively on {cfg.alt_per_scene} alt-text captions of each of "
-             f"{cfg.n_train} train scenes for {cfg.base_epochs} epochs. Fine-tuning on the full captions of "
-             f"{cfg.n_finetune} finetune scenes: LoRA rank {cfg.rank} (alpha {cfg.lora_alpha}) on the attention of "
-             f"MiniLM's last {cfg.minilm_layers} layers (peft) and on the ViT ({cfg.towers}), {cfg.ft_epochs} epoch(s) "
-             f"at batch {cfg.ft_batch_size}, lr {cfg.ft_lr}, the same for every loss; tree alpha {cfg.alpha}. Test: "
-             f"{cfg.n_test} scenes whose configurations are in no training split. Seeds {list(cfg.seeds)}: cells are "
-             "mean ± std over seeds [bootstrap 95% interval over items of the seed-averaged accuracy].")
+             f"trainable projection, trained contrastively on {base_src} for {cfg.base_epochs} epochs. Fine-tuning on "
+             f"the full captions of {cfg.n_finetune:,} finetune scenes: LoRA rank {cfg.rank} (alpha {cfg.lora_alpha}) "
+             f"on the attention of MiniLM's last {cfg.minilm_layers} layers (peft) and on the ViT ({cfg.towers}), "
+             f"{cfg.ft_epochs} epoch(s) at batch {cfg.ft_batch_size} ({r['fits'].get(f'tree_s{cfg.seeds[0]}', {}).get('steps', '?')} "
+             f"steps), lr {cfg.ft_lr}, the same for every loss; tree alpha {cfg.alpha}, levels reduced by "
+             f"{cfg.level_reduction}, {cap(cfg.max_levels, 'levels')} and {cap(cfg.max_negatives, 'negatives per level')} "
+             f"per tree. In-batch hard negatives of the fine-tuning captions (random batches of {h['batch_size']}): "
+             f"{h['one_word_per_batch']:.3f} one-word pairs and {h['rebound_per_batch']:.3f} rebound pairs (the same "
+             f"words bound differently) per batch, {h['one_word_share']:.4f}% and {h['rebound_share']:.4f}% of all "
+             f"pairs. Test: {cfg.n_test} scenes whose configurations are in no training split. Seeds "
+             f"{list(cfg.seeds)}: cells are mean ± std over seeds [bootstrap 95% interval over items of the "
+             "seed-averaged accuracy].")
+    rep.table(["paired difference, checklist average", "mean", "per seed", "95% interval"],
+              [[k.replace("_minus_", " − ").replace("_", " "), f"{v['mean']:+.1f}",
+                ", ".join(f"{x:+.1f}" for x in v["per_seed"]), f"[{v['ci95'][0]:+.1f}, {v['ci95'][1]:+.1f}]"]
+               for k, v in pr.items()])
+    if r.get("train_relation"):
+        rep.text("Relation on the fine-tuning scenes themselves (caption vs. its relation reversed, first "
+                 f"{r['n_train_relation']} scenes, mean over seeds): " +
+                 ", ".join(f"{m} {v:.1f}" for m, v in r["train_relation"].items()) + ".")
     rep.heading("Checklist accuracy")
     a = r["accuracy"]
     rows = [[c, *[_fmt(a[m][c]) for m in BASE_MODELS], r["n_items"].get(c, ""),
@@ -226,8 +288,6 @@ def _report(cfg, r: dict, quick: bool) -> Report:
     rep.table(["paper", "CLIP", "contrastive", "NegCLIP", "3VL", "3VL + Anchor TR 65%"], prow)
     rep.heading("Targets")
     rep.table(["target", "met"], [[k, str(v)] for k, v in r["targets"].items()])
-    if not all(r["targets"].values()):
-        rep.text(shortfall(cfg, r))
     best = r["best_baseline"]
     rep.text(f"Best baseline: {best}. Items per category for a 95% interval of ±2 points on the paired difference "
              f"tree − {best} of the average (from this run's per-item differences): "
