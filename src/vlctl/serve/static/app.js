@@ -343,7 +343,7 @@ $("explain-more").addEventListener("click", () => explainPicks(Math.floor(Math.r
 $("explain-id").addEventListener("change", () => explainPick(Number($("explain-id").value || 0)));
 
 // -- Latents: the served SAE's latents, named; described once per collection on a background job -----
-const LATENTS = { described: new Set(), offset: 0, timer: null };
+const LATENTS = { summaries: {}, offset: 0, timer: null };
 
 async function latentsOpen() {
   const coll = $("latents-collection").value;
@@ -352,22 +352,23 @@ async function latentsOpen() {
       "its SAE's latents are listed here.";
     return;
   }
-  if (LATENTS.described.has(coll)) return;
-  $("latents-summary").textContent = "naming the SAE's latents (once; a large store takes minutes)\u2026";
   try {
-    let job = await api("/api/latents", { collection: coll });
-    while (job.status === "queued" || job.status === "running") {
-      await new Promise((r) => setTimeout(r, 250));
-      job = await api(`/api/jobs/${job.id}`);
+    if (!LATENTS.summaries[coll]) {
+      $("latents-summary").textContent = "naming the SAE's latents (once; a large store takes minutes)\u2026";
+      let job = await api("/api/latents", { collection: coll });
+      while (job.status === "queued" || job.status === "running") {
+        await new Promise((r) => setTimeout(r, 250));
+        job = await api(`/api/jobs/${job.id}`);
+      }
+      if (job.status === "failed") throw new Error(job.error);
+      LATENTS.summaries[coll] = job.result.summary;
     }
-    if (job.status === "failed") throw new Error(job.error);
-    const s = job.result.summary;
-    LATENTS.described.add(coll);
+    const s = LATENTS.summaries[coll];
     $("latents-summary").textContent = `${plural(s.live, "live latent")} of ${s.n_latents} (${s.dead} dead) over ` +
       `${plural(s.n_images, "image")}; names from ${plural(s.vocabulary, "phrase")} of the ${s.vocabulary_source}` +
       (s.top_name && s.top_name.auc_median != null ? `; median AUC of the top names ${s.top_name.auc_median.toFixed(2)} ` +
         `(shuffled decoder: ${s.shuffled_decoder.auc_median.toFixed(2)})` : "");
-    latentsList(0);
+    if (!$("latents-list").children.length) latentsList(0);
   } catch (e) { $("latents-summary").textContent = ""; failed(e, $("latents-list"), $("latent-images")); }
 }
 
