@@ -1,6 +1,6 @@
 """The FastAPI application of `vlctl serve`: `create_app(state, config)`.
 
-    GET  /                       the page (static/index.html: five tabs, keyboard usable)
+    GET  /                       the page (static/index.html: six tabs, keyboard usable)
     GET  /api/info               what is served: collections, attributes, explain models, reports, limits
     POST /api/search             text or stored-image query -> thumbnails with scores
     POST /api/search/upload      an uploaded image as the query (multipart: file, collection, k)
@@ -224,7 +224,7 @@ def create_app(state: ServeState, config: ServeConfig | None = None, heavy: Heav
 
     # FastAPI's /docs loads Swagger UI from a CDN (blank offline), and no package here ships it: our own page.
     app = FastAPI(title="vlctl serve", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan,
-                  description="Search, steer, cluster and explain an embeddings store. Errors are "
+                  description="Search, steer, cluster and explain an embeddings store, and list its SAE's latents. Errors are "
                   "{\"error\": message}; images are served by row id.")
     app.state.vlctl = state
     app.state.jobs = jobs

@@ -36,7 +36,9 @@ function fields(schema, all) {
     const out = [el("p", { text: api.info.description || "" })];
     for (const [path, ops] of Object.entries(api.paths)) {
       for (const [method, op] of Object.entries(ops)) {
-        const body = (((op.requestBody || {}).content || {})["application/json"] || {}).schema;
+        const content = (op.requestBody || {}).content || {};
+        const form = !content["application/json"] && content["multipart/form-data"];
+        const body = (content["application/json"] || content["multipart/form-data"] || {}).schema;
         const params = (op.parameters || []).map((p) => `${p.name} (${p.in}${p.required ? "" : ", optional"})`);
         const ok = Object.entries(op.responses || {}).find(([code]) => code.startsWith("2"));
         const answer = ok && (((ok[1].content || {})["application/json"] || {}).schema);
@@ -44,12 +46,12 @@ function fields(schema, all) {
           el("h2", {}, el("code", { text: `${method.toUpperCase()} ${path}` }), " ", el("span", { class: "hint", text: op.summary || "" })),
           op.description ? el("p", { text: op.description }) : null,
           params.length ? el("p", { text: `parameters: ${params.join(", ")}` }) : null,
-          body ? el("p", { text: `request body: ${typeOf(body)}` }) : null, body ? fields(body, all) : null,
+          body ? el("p", { text: `request body${form ? " (a multipart form)" : ""}: ${typeOf(body)}` }) : null, body ? fields(body, all) : null,
           answer ? el("p", { text: `answer (${ok[0]}): ${typeOf(answer)}` }) : null));
       }
     }
     document.getElementById("endpoints").replaceChildren(...out);
   } catch (e) {
-    document.getElementById("status").textContent = `could not read /openapi.json: ${e.message}`;
+    document.getElementById("docs-status").textContent = `could not read /openapi.json: ${e.message}`;
   }
 })();
