@@ -174,6 +174,14 @@ def walk(page, url: str, shots: Path, scenario: dict) -> dict:
                            arg=seen["files"][1])
     seen["search_by_image"] = first[1] in _ids(page, "#search-results .hit")
     _all_loaded(page, "#search-results .hit img")
+    seen["label_clamp"] = page.eval_on_selector_all(
+        "#search-results .hit .label", "els => [...new Set(els.map((e) => getComputedStyle(e).webkitLineClamp))]")
+    if scenario.get("refused_text"):  # an error leaves no earlier results under it
+        page.fill("#search-text", scenario["refused_text"])
+        page.press("#search-text", "Enter")
+        page.wait_for_selector("#status.error")
+        seen["after_error"] = (page.text_content("#status"), _ids(page, "#search-results .hit"),
+                               page.text_content("#search-heading"))
 
     # Steer: a query image picked by a click, steered by two attributes, then a blend.
     page.click("#tab-steer")
@@ -272,7 +280,7 @@ def walk(page, url: str, shots: Path, scenario: dict) -> dict:
 
 
 SCENARIO = {"text": "a red square", "pick": 3, "attributes": ("color", "size"), "tevi_collection": "store",
-            "tevi_text": "a big blue square", "latents_collection": "store"}
+            "tevi_text": "a big blue square", "latents_collection": "store", "refused_text": "a purple square"}
 
 
 def _failures(page) -> list[str]:
@@ -293,6 +301,8 @@ def test_page_in_chromium(browser, server, tmp_path):
     assert seen["search"] == 24 and seen["search_by_image"]
     # issue 43: every image named by its file, the path and caption on hover
     assert all(re.fullmatch(r"img\d\d\.png", f) for f in seen["files"]), seen["files"]
+    assert seen["label_clamp"] == ["2"]  # whole lines, then an ellipsis; the full text in the title
+    assert "unknown word 'purple'" in seen["after_error"][0] and seen["after_error"][1:] == ([], "Results")
     assert all(t.split("\n")[0].endswith(f"/photos/{f}") and t.split("\n")[1].endswith("square")
                for t, f in zip(seen["titles"], seen["files"]))
     # Steer and Explain: the image picked by a click, named by its file
@@ -315,7 +325,7 @@ def test_page_in_chromium(browser, server, tmp_path):
         f"Latent #{live[0]['latent']}: {live[0]['names'][0]['name']}")
     wanted, found = seen["latent_found"]
     assert found[0] == next(r["latent"] for r in live if r["names"][0]["name"] == wanted)
-    assert not failed, failed
+    assert failed == [f"400 {server.url}api/search"], failed  # the refused text alone
     # No negative here (the Anchor map parses both captions with spaCy, seconds to load; the API test
     # has it): HilaCAM of P per model, and its colour bar.
     assert seen["heatmaps"] == 2 and seen["bars"] == 1 and seen["models"] == ["base", "tuned"]

@@ -42,14 +42,17 @@ def latent_names(coll: Collection) -> list[str]:
 
 def describe(coll: Collection) -> dict:
     """The SAE's live latents (`SparseAutoencoder.describe` over the store), computed once:
-    {"summary": describe's summary, "rows": one dict per live latent}. What the job returns is the
-    summary (`summary`)."""
+    {"summary": describe's summary, "rows": one dict per live latent, most frequent first, "keys":
+    their names normalised}. What the job returns is the summary (`summary`)."""
     sae = _sae(coll)
     if "table" not in coll.latents:
         with coll.lock:
             if "table" not in coll.latents:
                 rows = sae.describe(coll.store, k=TOP_IMAGES, encoder=coll.encoder, as_frame=False)
-                coll.latents["table"] = {"summary": sae.description_.summary, "rows": [r for r in rows if r["live"]]}
+                live = sorted((r for r in rows if r["live"]), key=lambda r: (-r["frequency"], r["latent"]))
+                # Each name as a query is matched against it, once here, not per keystroke.
+                keys = [[normalise(n["name"]) for n in r["names"]] for r in live]
+                coll.latents["table"] = {"summary": sae.description_.summary, "rows": live, "keys": keys}
                 coll.latents.setdefault("names", list(sae.latent_names_))
     return coll.latents["table"]
 
@@ -70,16 +73,15 @@ def _table(coll: Collection) -> dict:
 def listing(coll: Collection, query: str | None, offset: int, limit: int) -> dict:
     """The live latents, most frequent first; with `query`, those with a name containing it (its
     words, lower case), the ones whose top name matches first, then by that name's cosine."""
-    rows = _table(coll)["rows"]
+    table = _table(coll)
+    rows = table["rows"]
     if query and (q := normalise(query)):
         found = []
-        for r in rows:
-            hits = [j for j, n in enumerate(r["names"]) if q in normalise(n["name"])]
-            if hits:
-                found.append((hits[0], -r["names"][hits[0]]["cosine"], r["latent"], r))
+        for r, keys in zip(rows, table["keys"]):
+            j = next((j for j, key in enumerate(keys) if q in key), None)
+            if j is not None:
+                found.append((j, -r["names"][j]["cosine"], r["latent"], r))
         rows = [r for *_, r in sorted(found, key=lambda t: t[:3])]
-    else:
-        rows = sorted(rows, key=lambda r: (-r["frequency"], r["latent"]))
     page = [{**r, "top_images": r["top_images"][:LISTED_IMAGES], "top_values": r["top_values"][:LISTED_IMAGES]}
             for r in rows[offset:offset + limit]]
     return {"collection": coll.name, "total": len(rows), "offset": offset, "latents": page}
