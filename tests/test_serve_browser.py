@@ -174,6 +174,7 @@ def walk(page, url: str, shots: Path, scenario: dict) -> dict:
                            arg=seen["files"][1])
     seen["search_by_image"] = first[1] in _ids(page, "#search-results .hit")
     _all_loaded(page, "#search-results .hit img")
+    seen["plurals"] = page.evaluate("[plural(1, 'image'), plural(2, 'image'), plural(0, 'result')]")
     seen["label_clamp"] = page.eval_on_selector_all(
         "#search-results .hit .label", "els => [...new Set(els.map((e) => getComputedStyle(e).webkitLineClamp))]")
     if scenario.get("refused_text"):  # an error leaves no earlier results under it
@@ -301,6 +302,7 @@ def test_page_in_chromium(browser, server, tmp_path):
     assert seen["search"] == 24 and seen["search_by_image"]
     # issue 43: every image named by its file, the path and caption on hover
     assert all(re.fullmatch(r"img\d\d\.png", f) for f in seen["files"]), seen["files"]
+    assert seen["plurals"] == ["1 image", "2 images", "0 results"]  # not "1 images"
     assert seen["label_clamp"] == ["2"]  # whole lines, then an ellipsis; the full text in the title
     assert "unknown word 'purple'" in seen["after_error"][0] and seen["after_error"][1:] == ([], "Results")
     assert all(t.split("\n")[0].endswith(f"/photos/{f}") and t.split("\n")[1].endswith("square")

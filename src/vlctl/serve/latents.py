@@ -11,6 +11,7 @@ is not there yet.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from vlctl.fsops import VlctlError
@@ -28,15 +29,39 @@ def _sae(coll: Collection) -> Any:
     return coll.sae
 
 
+class _Locked:
+    """The collection's encoder, each call under the collection's lock (the encoders keep state per
+    call, `vlctl.serve.state`): describing the latents embeds the vocabulary with it, and only
+    those calls wait for the requests' model calls, not the minutes of the rest."""
+
+    def __init__(self, coll: Collection):
+        self._coll = coll
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._coll.encoder, name)
+        if not callable(attr):
+            return attr
+
+        def locked(*args, **kwargs):
+            with self._coll.lock:
+                return attr(*args, **kwargs)
+
+        return locked
+
+
+def _encoder(coll: Collection) -> Any:
+    return None if coll.encoder is None else _Locked(coll)  # None: `describe` rebuilds it from the store's spec
+
+
 def latent_names(coll: Collection) -> list[str]:
     """Each latent's top name (`decoder_names`: the vocabulary embedded once), computed once."""
     from vlctl.methods.sae.describe import decoder_names
 
     sae = _sae(coll)
     if "names" not in coll.latents:
-        with coll.lock:  # the encoder embeds the vocabulary
+        with coll.latents.setdefault("names_lock", threading.Lock()):  # not the table's: minutes
             if "names" not in coll.latents:
-                coll.latents["names"] = decoder_names(sae.model_, coll.store, coll.encoder)
+                coll.latents["names"] = decoder_names(sae.model_, coll.store, _encoder(coll))
     return coll.latents["names"]
 
 
@@ -46,9 +71,9 @@ def describe(coll: Collection) -> dict:
     their names normalised}. What the job returns is the summary (`summary`)."""
     sae = _sae(coll)
     if "table" not in coll.latents:
-        with coll.lock:
+        with coll.latents.setdefault("table_lock", threading.Lock()):
             if "table" not in coll.latents:
-                rows = sae.describe(coll.store, k=TOP_IMAGES, encoder=coll.encoder, as_frame=False)
+                rows = sae.describe(coll.store, k=TOP_IMAGES, encoder=_encoder(coll), as_frame=False)
                 live = sorted((r for r in rows if r["live"]), key=lambda r: (-r["frequency"], r["latent"]))
                 # Each name as a query is matched against it, once here, not per keystroke.
                 keys = [[normalise(n["name"]) for n in r["names"]] for r in live]

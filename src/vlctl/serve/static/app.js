@@ -339,6 +339,7 @@ async function explain() {
   } catch (e) { $("explain-heading").hidden = true; failed(e, $("explain-results")); }
 }
 $("explain-form").addEventListener("submit", (e) => { e.preventDefault(); explain(); });
+$("explain-file").addEventListener("change", () => { $("explain-picked").hidden = !!$("explain-file").files.length; });
 $("explain-more").addEventListener("click", () => explainPicks(Math.floor(Math.random() * 1e9)));
 $("explain-id").addEventListener("change", () => explainPick(Number($("explain-id").value || 0)));
 
