@@ -158,6 +158,7 @@ function steerSetup() {
     (c.free_text_attributes ? " (or type any attribute: MiniLM embeds it)" : "") : "") +
     (c.tevi ? (c.attributes.length ? " \u00b7 " : "") + "TEVI: a text query, its top 100 re-scored by the caption. " +
       c.tevi_note : "");
+  $("steer-picker").hidden = !c.attributes.length;  // TEVI alone steers by a text, not by an image
   steerPicks(0);
 }
 
