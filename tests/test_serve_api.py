@@ -155,6 +155,15 @@ def test_text_search_matches_the_store(client, state):
     np.testing.assert_allclose([h["score"] for h in hits], want.scores[0], rtol=1e-5)
     meta = coll.store.metadata(want.ids[0])
     assert [h["label"] for h in hits] == [m["captions"][0] if "captions" in m else m["caption"] for m in meta]
+    # issue 43: each image is named by its file (the page shows the name, the path on hover)
+    assert [h["path"] for h in hits] == [m["path"] for m in meta]
+    assert [h["file"] for h in hits] == [Path(m["path"]).name for m in meta] and hits[0]["file"].startswith("img")
+    by_image = client.post("/api/search", json={"collection": "store", "image_id": 7, "k": 1}).json()
+    assert by_image["query"] == {"image_id": 7, "file": "img07.png", "path": meta_path(coll, 7)}
+
+
+def meta_path(coll, row: int) -> str:
+    return coll.store.metadata([row])[0]["path"]
 
 
 def test_text_queries_of_concurrent_requests_share_a_forward(state, monkeypatch):
@@ -215,7 +224,7 @@ def test_text_queries_are_encoded_once(client, state, monkeypatch):
     assert not q.flags.writeable  # shared by every request for the text: nobody may change it in place
     np.testing.assert_array_equal(q, real(["a big blue square"]))
     client.post("/api/steer", json={"collection": "store", "text": "a big blue square", "tevi": True, "k": 5})
-    assert len(calls) == 1
+    assert calls.count(["a big blue square"]) == 1  # (the steer embeds the latents' names once, too)
     from vlctl.serve.state import _LRU
 
     off = _LRU(0)  # --text-cache 0: nothing is kept
@@ -304,7 +313,8 @@ def test_steer_by_attribute_and_blend(client, state):
     full = client.post("/api/steer", json={"collection": "store", "image_id": 3, "attribute": "size",
                                            "attribute_b": "color", "alpha": 1.0, "k": 8}).json()
     assert [h["id"] for h in full["hits"]] == orders["size"]
-    assert "knows only ['color', 'size']" in _error(client.post("/api/steer", json={
+    # issue 43: words, not a Python list
+    assert "knows only color, size (" in _error(client.post("/api/steer", json={
         "collection": "store", "image_id": 3, "attribute": "hue"}), 400)
 
 
@@ -322,8 +332,45 @@ def test_tevi_rerank_marks_what_moved(client, state):
     np.testing.assert_allclose([h["score"] for h in r["hits"]], rescored[order], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose([h["before_score"] for h in r["hits"]], base.scores[0][order], rtol=1e-5)
     assert [h["before_rank"] for h in r["hits"]] == (order + 1).tolist()
-    assert [h["moved"] for h in r["hits"]] == [int(j) != i for i, j in enumerate(order)]
+    # moved: off one longest run of results still in their cosine order (issue 43: not all of them)
+    stayed = [h["before_rank"] for h in r["hits"] if not h["moved"]]
+    assert stayed == sorted(stayed) and len(stayed) == _longest_increasing(order.tolist())
+    # issue 46: each result's active latents the caption's mask kept and dropped, named as --explain names them
+    from vlctl.methods.sae.describe import decoder_names
+    from vlctl.methods.tevi.explain import explain_results
+
+    [want] = explain_results(coll.tevi, coll.store, q, [[h["id"] for h in r["hits"]]], top=4)
+    assert [{"kept": h["kept"], "dropped": h["dropped"]} for h in r["hits"]] == want
+    names = decoder_names(coll.tevi.sae_.model_, coll.store)
+    assert all(x["name"] == names[x["latent"]] for h in r["hits"] for x in h["kept"] + h["dropped"])
+    assert any(h["kept"] for h in r["hits"]) and all(x["mask"] >= 0.5 for h in r["hits"] for x in h["kept"])
     assert "text" in _error(client.post("/api/steer", json={"collection": "store", "image_id": 1, "tevi": True}), 422)
+
+
+def _longest_increasing(seq: list[int]) -> int:
+    best = [1] * len(seq)  # O(n^2) reference
+    for i in range(len(seq)):
+        for j in range(i):
+            if seq[j] < seq[i]:
+                best[i] = max(best[i], best[j] + 1)
+    return max(best, default=0)
+
+
+def test_moved_is_the_fewest_results_that_moved():
+    """Issue 43: "24 of 24 moved" marked every result that a jump pushed down one place. A result
+    moved when it is off the longest run still in cosine order: one jump is one move."""
+    from vlctl.serve.work import moved
+
+    assert moved([30, 1, 2, 3, 4]) == [True, False, False, False, False]  # #30 rose to the top: it alone moved
+    assert moved([1, 2, 3]) == [False, False, False] and moved([]) == []
+    assert moved([2, 1]) == [True, False]  # a swap: the one that rose
+    assert moved([1, 5, 2, 3, 4]) == [False, True, False, False, False]
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        before = rng.permutation(40)[:12].tolist()
+        m = moved(before)
+        stayed = [b for b, x in zip(before, m) if not x]
+        assert stayed == sorted(stayed) and len(stayed) == _longest_increasing(before)
 
 
 # --- clusters ------------------------------------------------------------------------------------
@@ -356,14 +403,36 @@ def test_cluster_job_matches_controlembed(client, state):
         assert c["size"] == len(members)
         centre = z[members].mean(0)
         assert c["nearest"] == members[np.argsort(np.linalg.norm(z[members] - centre, axis=1), kind="stable")[:4]].tolist()
-        t = coll.controlembed.class_text_emb_["color"] @ (centre / np.linalg.norm(centre))
-        assert c["subclass"] == ["blue", "green", "red"][int(np.argmax(t))]
+        assert [h["id"] for h in c["images"]] == c["nearest"]
+        assert [h["file"] for h in c["images"]] == [f"img{i:02d}.png" for i in c["nearest"]]
+    # the names: each subclass once, the assignment of largest total cosine with the centres
+    from scipy.optimize import linear_sum_assignment
+
+    centres = np.stack([z[want == c["id"]].mean(0) for c in res["clusters"]])
+    sims = (centres / np.linalg.norm(centres, axis=1, keepdims=True)) @ coll.controlembed.class_text_emb_["color"].T
+    rows, cols = linear_sum_assignment(sims, maximize=True)
+    assert [res["clusters"][r]["subclass"] for r in rows] == [["blue", "green", "red"][c] for c in cols]
     again = client.post("/api/cluster", json={"collection": "store", "attribute": "color", "per_cluster": 4}).json()
     assert again["id"] == job["id"] and again["status"] == "done"  # the same work is not started twice
     assert "larger than" in _wait(client, client.post("/api/cluster", json={
         "collection": "store", "attribute": "size", "k": 30}).json())["error"]
     assert "no job" in _error(client.get("/api/jobs/0123456789abcdef"), 404)
     _error(client.get("/api/jobs/..%2F..%2Fetc"), 404)
+
+
+def test_cluster_names_are_distinct(client):
+    """Issue 43: two clusters were both named after the same subclass; each subclass names one
+    cluster, and clusters beyond the subclasses are numbered."""
+    from vlctl.serve.work import cluster_names
+
+    for attribute, k in (("color", 2), ("size", 3), ("size", 2)):
+        job = _wait(client, client.post("/api/cluster", json={"collection": "store", "attribute": attribute, "k": k,
+                                                               "seed": 3}).json())
+        names = [c["subclass"] for c in job["result"]["clusters"]]
+        assert len(set(names)) == len(names) == k, names
+    sims = np.array([[0.9, 0.1], [0.8, 0.2], [0.7, 0.6]])
+    assert cluster_names(sims, ["red", "blue"]) == ["red", "red (2)", "blue"]
+    assert cluster_names(sims[:2], ["red", "blue"]) == ["red", "blue"]
 
 
 def test_jobs_queue_is_bounded():
@@ -503,8 +572,14 @@ def test_images_by_id_only(client, world):
     _error(client.get("/api/images/store/1?size=5000"), 422)
     for bad in ("/api/images/..%2Fphotos/1", "/api/images/%2Fetc%2Fpasswd/1", "/reports/x/..%2F..%2Fetc%2Fpasswd"):
         assert client.get(bad).status_code in (404, 422)
-    ids = client.get("/api/sample/store?n=5&seed=3").json()["ids"]
+    sample = client.get("/api/sample/store?n=5&seed=3").json()
+    ids = sample["ids"]
     assert len(ids) == 5 and ids == sorted(ids) and all(0 <= i < N for i in ids)
+    assert [(x["id"], x["file"]) for x in sample["items"]] == [(i, f"img{i:02d}.png") for i in ids]
+    assert [x["label"] for x in sample["items"]] == [f"a {r['size']} {r['color']} square" for r in
+                                                     (world["rows"][i] for i in ids)]
+    examples = client.get("/api/info").json()["explain"]["examples"]
+    assert [x["file"] for x in examples[:3]] == ["img00.png", "img01.png", "img02.png"]
 
 
 def test_reports_serve_only_their_own_files(tmp_path, world):
@@ -651,3 +726,97 @@ def test_uploads_read_as_embed_reads_files(client, state, tmp_path):
         assert [i for i, _ in got] == want.ids[0].tolist()
         if variant.endswith(".tif"):  # lossless: the same pixels, the same scores
             assert [s for _, s in got] == [round(float(s), 4) for s in want.scores[0]]
+
+
+# --- the page's own files (issue 43) ---------------------------------------------------------------
+
+
+def test_favicon_and_docs_need_no_network(client):
+    """Issue 43: the favicon was a 404; /docs loaded Swagger UI from a CDN (blank offline). Both are
+    served from the package, and no page the server sends names another host."""
+    r = client.get("/favicon.ico")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("image/svg+xml") and b"<svg" in r.content
+    docs = client.get("/docs")
+    assert docs.status_code == 200 and "/static/docs.js" in docs.text and "swagger" not in docs.text.lower()
+    import re
+
+    from vlctl.serve.app import STATIC
+
+    for page in ("index.html", "docs.html", "docs.js", "app.js", "app.css"):
+        text = (STATIC / page).read_text()
+        assert not re.search(r"(src|href)=[\"']?(https?:)?//|@import|url\(\s*['\"]?https?:", text), page
+    assert client.get("/static/docs.js").status_code == 200 and client.get("/openapi.json").status_code == 200
+
+
+def test_steer_note_names_untrained_attributes_in_words(world):
+    """Issue 43: "not trained on ['the weather']" is a Python list; the note says it in words."""
+    from fastapi.testclient import TestClient
+
+    from vlctl.embeddings.store import open_store
+    from vlctl.methods.controlembed.estimator import ControlEmbed
+    from vlctl.serve.app import create_app
+    from vlctl.serve.state import Collection, ServeState
+
+    store = open_store(world["store"])
+    meta = store.metadata()
+    labels = {c: [m[c] for m in meta] for c in ("color", "size")}
+    model = ControlEmbed(steps=5, align_weight=0.0, images_per_subclass=2, hidden=16, seed=0).fit(
+        store.embeddings(), labels, encoder_id=store.encoder_id)  # MiniLM conditions: free text is embedded
+    c = TestClient(create_app(ServeState({"s": Collection("s", store, controlembed=model)})))
+    r = c.post("/api/steer", json={"collection": "s", "image_id": 0, "attribute": "the weather",
+                                   "attribute_b": "color", "alpha": 0.5, "k": 3})
+    assert r.status_code == 200, r.text
+    assert r.json()["note"].startswith("not trained on: the weather; ") and "trained on: color, size)" in r.json()["note"]
+    assert "[" not in r.json()["note"]
+
+
+# --- the latents of the served SAE (issue 46) -----------------------------------------------------
+
+
+def test_latents_listed_named_and_found(client, state, world):
+    from vlctl.methods.sae.describe import normalise
+
+    coll = state.collections["store"]
+    assert client.get("/api/info").json()["collections"][0]["sae"]
+    coll.latents.pop("table", None)
+    assert "not described yet" in _error(client.get("/api/latents/store"), 400)
+    job = _wait(client, client.post("/api/latents", json={"collection": "store"}).json())
+    assert job["status"] == "done", job
+    want = [r for r in coll.tevi.sae_.describe(coll.store, k=16, as_frame=False) if r["live"]]
+    assert job["result"]["live"] == len(want) > 0 and job["result"]["summary"]["live"] == len(want)
+    again = client.post("/api/latents", json={"collection": "store"}).json()
+    assert again["id"] == job["id"]  # described once
+    listed = client.get("/api/latents/store?limit=200").json()
+    by_freq = sorted(want, key=lambda r: (-r["frequency"], r["latent"]))
+    assert listed["total"] == len(want) and [r["latent"] for r in listed["latents"]] == [r["latent"] for r in by_freq]
+    for got, ref in zip(listed["latents"], by_freq):
+        assert got["names"] == ref["names"] and got["frequency"] == pytest.approx(ref["frequency"])
+        assert got["top_images"] == ref["top_images"][:6]
+    # find by name: every latent with a name containing the words, the top-name matches first
+    top = by_freq[0]["names"][0]["name"]
+    found = client.get("/api/latents/store", params={"q": top.upper()}).json()["latents"]
+    assert found[0]["names"][0]["name"] == top
+    assert {r["latent"] for r in found} == {r["latent"] for r in want
+                                            if any(normalise(top) in normalise(n["name"]) for n in r["names"])}
+    assert client.get("/api/latents/store?q=zebra").json() == {"collection": "store", "total": 0, "offset": 0,
+                                                               "latents": []}
+    # open one: its top images as the page shows images, the activation as score
+    one = client.get(f"/api/latents/store/{by_freq[0]['latent']}").json()
+    assert [h["id"] for h in one["hits"]] == by_freq[0]["top_images"]
+    assert [h["score"] for h in one["hits"]] == pytest.approx(by_freq[0]["top_values"])
+    assert [h["file"] for h in one["hits"]] == [f"img{i:02d}.png" for i in by_freq[0]["top_images"]]
+    dead = next(r for r in range(coll.tevi.sae_.model_.W_D.shape[0]) if r not in {w["latent"] for w in want})
+    assert "not a live latent" in _error(client.get(f"/api/latents/store/{dead}"), 404)
+
+
+def test_latents_refused_without_an_sae(world):
+    from fastapi.testclient import TestClient
+
+    from vlctl.serve.app import create_app
+    from vlctl.serve.state import state_for_store
+
+    c = TestClient(create_app(state_for_store(world["store"], controlembed=world["ce"])))
+    assert not c.get("/api/info").json()["collections"][0]["sae"]
+    assert "no SAE is loaded" in _error(c.post("/api/latents", json={"collection": "store"}), 400)
+    assert "no SAE is loaded" in _error(c.get("/api/latents/store"), 400)
+    assert "no collection 'x'; served: store" in _error(c.post("/api/latents", json={"collection": "x"}), 404)

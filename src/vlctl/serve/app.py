@@ -1,6 +1,6 @@
 """The FastAPI application of `vlctl serve`: `create_app(state, config)`.
 
-    GET  /                       the page (static/index.html: five tabs, keyboard usable)
+    GET  /                       the page (static/index.html: six tabs, keyboard usable)
     GET  /api/info               what is served: collections, attributes, explain models, reports, limits
     POST /api/search             text or stored-image query -> thumbnails with scores
     POST /api/search/upload      an uploaded image as the query (multipart: file, collection, k)
@@ -10,9 +10,14 @@
     POST /api/explain            HilaCAM / Anchor / DiRe heatmaps and caption-tree scores, per model
     POST /api/explain/upload     the same for an uploaded image (multipart: file, positive, negative, tree)
     GET  /api/images/{source}/{row}?size=   a row's image as PNG (by id; never a path)
-    GET  /api/sample/{source}?n=&seed=       rows to pick a query image from
+    GET  /api/sample/{source}?n=&seed=       rows to pick a query image from (ids, and each with its file name)
+    POST /api/latents            starts describing the served SAE's latents (a background job, once)
+    GET  /api/latents/{collection}?q=&offset=&limit=   its live latents, or those named like q
+    GET  /api/latents/{collection}/{latent}           one latent with its top images
     GET  /reports/{id}/{name}    a report's html and the files it links (names listed at start)
-    GET  /docs, /openapi.json    the OpenAPI schema
+    GET  /docs, /openapi.json    the API, listed from the OpenAPI schema by a page of ours (no CDN: it
+                                 renders offline), and the schema
+    GET  /favicon.ico            the page's icon (static/favicon.svg)
 
 Every request body is a pydantic model (`vlctl.serve.schemas`); every error is JSON
 `{"error": "one message"}` (422 bad request fields, 400 a request the data refuses, 404 unknown id,
@@ -55,10 +60,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vlctl.config import opt, validate_config
 from vlctl.fsops import VlctlError
-from vlctl.serve import imaging, schemas, work
+from vlctl.serve import imaging, latents, schemas, work
 from vlctl.serve.heavy import HeavyWorker, WorkerLost
 from vlctl.serve.jobs import Jobs, TooManyJobs
-from vlctl.serve.state import TEXT_QUERY_CACHE, NotFound, ServeState
+from vlctl.serve.state import TEXT_QUERY_CACHE, NotFound, ServeState, file_fields
 from vlctl.serve.texts import TextBatches
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -217,8 +222,9 @@ def create_app(state: ServeState, config: ServeConfig | None = None, heavy: Heav
         if heavy is not None:
             heavy.shutdown()
 
-    app = FastAPI(title="vlctl serve", version=__version__, docs_url="/docs", redoc_url=None, lifespan=lifespan,
-                  description="Search, steer, cluster and explain an embeddings store. Errors are "
+    # FastAPI's /docs loads Swagger UI from a CDN (blank offline), and no package here ships it: our own page.
+    app = FastAPI(title="vlctl serve", version=__version__, docs_url=None, redoc_url=None, lifespan=lifespan,
+                  description="Search, steer, cluster and explain an embeddings store, and list its SAE's latents. Errors are "
                   "{\"error\": message}; images are served by row id.")
     app.state.vlctl = state
     app.state.jobs = jobs
@@ -285,6 +291,15 @@ def create_app(state: ServeState, config: ServeConfig | None = None, heavy: Heav
         return FileResponse(STATIC / "index.html", media_type="text/html",
                             headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
 
+    @app.get("/docs", include_in_schema=False)
+    async def docs():
+        return FileResponse(STATIC / "docs.html", media_type="text/html", headers={"X-Content-Type-Options": "nosniff"})
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon():
+        return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml",
+                            headers={"Cache-Control": "max-age=86400"})
+
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     # -- API --------------------------------------------------------------------------------
@@ -295,11 +310,12 @@ def create_app(state: ServeState, config: ServeConfig | None = None, heavy: Heav
             thumbnails=c.pixels is not None, text_queries=c.encoder is not None, attributes=c.attributes,
             subclasses={a: c.subclasses(a) for a in c.attributes},
             free_text_attributes=c.free_text_attributes, tevi=c.tevi is not None,
-            tevi_note=c.tevi.fusion_note() if c.tevi is not None else "") for c in state.collections.values()]
+            tevi_note=c.tevi.fusion_note() if c.tevi is not None else "", sae=c.sae is not None)
+            for c in state.collections.values()]
         ex = None
         if state.explain is not None:
             es = state.explain
-            examples = [{"id": i, "caption": es.caption(i)} for i in range(min(es.count, 24))]
+            examples = [{"id": i, "caption": es.caption(i), **file_fields(es.files, i)} for i in range(min(es.count, 24))]
             ex = schemas.ExplainInfo(name=es.name, size=es.count, models=list(es.models), trees=es.trees is not None,
                                      examples=examples)
         reports = [schemas.ReportInfo(id=r.id, title=r.title, url=f"/reports/{r.id}/report.html",
@@ -383,19 +399,41 @@ def create_app(state: ServeState, config: ServeConfig | None = None, heavy: Heav
                     size: Annotated[int, Query(ge=16, le=512)] = 128):
         src = state.image_sources.get(source)
         if src is None:
-            raise NotFound(f"no image source {source!r}; served: {sorted(state.image_sources)}")
+            raise NotFound(f"no image source {source!r}; served: {', '.join(sorted(state.image_sources))}")
         data = await run(_thumbnail, src, row, size)
         return Response(data, media_type="image/png",
                         headers={"Cache-Control": "max-age=3600", "X-Content-Type-Options": "nosniff"})
 
     @app.get("/api/sample/{source}", responses=errors)
     async def sample(source: Annotated[schemas.Name, PathParam()], n: Annotated[int, Query(ge=1, le=100)] = 12,
-                     seed: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0) -> dict[str, list[int]]:
+                     seed: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0) -> dict[str, list]:
         src = state.image_sources.get(source)
         if src is None:
-            raise NotFound(f"no image source {source!r}; served: {sorted(state.image_sources)}")
+            raise NotFound(f"no image source {source!r}; served: {', '.join(sorted(state.image_sources))}")
         count = src.count if hasattr(src, "count") else len(src)
-        return {"ids": sorted(random.Random(seed).sample(range(count), min(n, count)))}
+        ids = sorted(random.Random(seed).sample(range(count), min(n, count)))
+        label = src.label if hasattr(src, "label") else src.caption
+        return {"ids": ids, "items": [{"id": i, "label": label(i), **file_fields(src.files, i)} for i in ids]}
+
+    @app.post("/api/latents", response_model=schemas.Job, status_code=202, responses=errors)
+    async def latents_job(req: schemas.LatentsRequest):
+        coll = state.collection(req.collection)
+        if coll.sae is None:
+            latents.summary(coll)  # refused now with its message, not as a failed job
+        # On a job thread of this process: the table must live here, where the listing reads it.
+        return _job_view(jobs.submit(functools.partial(latents.summary, coll), key=("latents", req.collection)))
+
+    @app.get("/api/latents/{collection}", response_model=schemas.LatentList, responses=errors)
+    async def latents_list(collection: Annotated[schemas.Name, PathParam()],
+                           q: Annotated[str | None, Query(max_length=schemas.MAX_TEXT)] = None,
+                           offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+                           limit: Annotated[int, Query(ge=1, le=schemas.MAX_K)] = 50):
+        return await run(latents.listing, state.collection(collection), q, offset, limit)
+
+    @app.get("/api/latents/{collection}/{latent}", response_model=schemas.LatentDetail, responses=errors)
+    async def latent_detail(collection: Annotated[schemas.Name, PathParam()],
+                            latent: Annotated[int, PathParam(ge=0, le=2**31 - 1)]):
+        return await run(latents.detail, state.collection(collection), latent)
 
     @app.get("/reports/{report}/{name:path}", include_in_schema=False)
     async def report_file(report: str, name: str):

@@ -33,8 +33,10 @@ class Error(BaseModel):
 
 class Hit(BaseModel):
     id: int = Field(description="row of the collection; its image is /api/images/{collection}/{id}")
-    score: float
-    label: str | None = None
+    score: float | None = Field(None, description="the query's score (a latent's top image: its activation)")
+    label: str | None = Field(None, description="its caption or labels")
+    file: str | None = Field(None, description="the name of its image file (null: the row is no file)")
+    path: str | None = Field(None, description="the file's path as the store records it")
 
 
 class SearchRequest(_Strict):
@@ -89,10 +91,20 @@ class SteerRequest(_Strict):
         return self
 
 
+class LatentUse(BaseModel):
+    latent: int
+    name: str | None
+    value: float = Field(description="the latent's activation in the image")
+    mask: float = Field(description="the caption's mask value of the latent, in [0, 1]")
+
+
 class SteerHit(Hit):
     before_rank: int | None = Field(None, description="TEVI: rank by the plain cosine (1 = first)")
     before_score: float | None = Field(None, description="TEVI: the plain cosine")
-    moved: bool = False
+    moved: bool = Field(False, description="TEVI: off the longest run of results still in their cosine order "
+                        "(the fewest results whose moves make the new order)")
+    kept: list[LatentUse] = Field([], description="TEVI: the image's active SAE latents the caption's mask keeps")
+    dropped: list[LatentUse] = Field([], description="TEVI: those it drops (mask < 0.5)")
 
 
 class SteerResponse(BaseModel):
@@ -116,6 +128,7 @@ class ClusterInfo(BaseModel):
     size: int
     subclass: str | None = None
     nearest: list[int]
+    images: list[Hit] = Field([], description="the nearest rows as the page shows them (file names, captions)")
 
 
 class ClusterResult(BaseModel):
@@ -127,10 +140,52 @@ class ClusterResult(BaseModel):
     clusters: list[ClusterInfo]
 
 
+class LatentsRequest(_Strict):
+    collection: Name
+
+
+class LatentsSummary(BaseModel):
+    """The latents job's result: `SparseAutoencoder.describe`'s summary (counts, the top names' AUCs
+    and the shuffled-decoder control)."""
+
+    collection: str
+    summary: dict
+    live: int
+
+
+class LatentName(BaseModel):
+    name: str
+    cosine: float
+    margin: float | None
+    auc: float | None = Field(description="AUC of the activation for images whose caption mentions the name")
+
+
+class Latent(BaseModel):
+    latent: int
+    live: bool
+    frequency: float = Field(description="share of the images it fires on")
+    mean_activation: float
+    names: list[LatentName]
+    top_images: list[int]
+    top_values: list[float]
+
+
+class LatentList(BaseModel):
+    collection: str
+    total: int = Field(description="latents matching the query (all live ones without)")
+    offset: int
+    latents: list[Latent]
+
+
+class LatentDetail(Latent):
+    collection: str
+    hits: list[Hit] = Field(description="its top images, the activation as score")
+
+
 class Job(BaseModel):
     id: str
     status: Literal["queued", "running", "done", "failed"]
-    result: ClusterResult | None = None
+    result: ClusterResult | LatentsSummary | None = None
     error: str | None = None
 
 
@@ -204,6 +259,7 @@ class CollectionInfo(BaseModel):
     free_text_attributes: bool
     tevi: bool
     tevi_note: str = Field("", description="TEVI's held-out figures and fusion weight, the line its rerank shows")
+    sae: bool = Field(False, description="an SAE is served (the TEVI model's): its latents can be listed")
 
 
 class ExplainInfo(BaseModel):

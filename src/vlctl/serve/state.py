@@ -20,7 +20,7 @@ import collections
 import dataclasses
 import threading
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -70,6 +70,7 @@ class Collection:
 
     pixels: row -> uint8 (H, W, 3) (None: the store names no images, so no thumbnails);
     labels: row -> the text shown under its thumbnail (caption or attribute values), or None;
+    files: row -> the path of its image file as the store records it (None: rows are no files);
     controlembed / tevi: fitted on the store's encoder (checked by `check`);
     pixelated: small synthetic images, upscaled with nearest-neighbour.
     """
@@ -84,10 +85,12 @@ class Collection:
     pixelated: bool = False
     description: str = ""
     subclass_names: dict[str, list[str]] | None = None
+    files: Callable[[int], str | None] | None = None
 
     def __post_init__(self) -> None:
         self.lock = threading.Lock()
         self.thumbs = _LRU(4096)
+        self.latents: dict = {}  # the SAE's names and description, computed once (`vlctl.serve.latents`)
         self.clusters = _LRU(64)
         # Text -> its (1, d) embedding: a page sends the same few queries again and again, and the
         # text tower's forward (a MiniLM's six BERT layers) is most of a text search's CPU time.
@@ -156,6 +159,15 @@ class Collection:
             return None
         text = self.labels(row)
         return None if text is None else _short(text)
+
+    def hit(self, row: int, score: float | None = None) -> dict:
+        """The row as the page shows it: id, score, label (its caption), file (its name) and path."""
+        return {"id": row, "score": score, "label": self.label(row), **file_fields(self.files, row)}
+
+    @property
+    def sae(self) -> Any:
+        """The fitted SAE served with this store: the TEVI model's (None without one)."""
+        return getattr(self.tevi, "sae_", None)
 
     # -- queries -----------------------------------------------------------------------------
     def _need_encoder(self) -> Any:
@@ -232,7 +244,7 @@ class Collection:
             raise VlctlError(f"collection {self.name!r}: no ControlEmbed model is loaded (steering by attribute "
                              "needs one)")
         if attribute not in self.attributes and not self.free_text_attributes:
-            raise VlctlError(f"attribute {attribute!r}: this ControlEmbed model knows only {self.attributes} (it was "
+            raise VlctlError(f"attribute {attribute!r}: this ControlEmbed model knows only {', '.join(self.attributes)} (it was "
                              "fitted on given category embeddings, so free text cannot be embedded)")
         wb = self.affines.get(attribute)  # read without the lock: a steer never waits for a text forward
         if wb is None:
@@ -256,6 +268,7 @@ class ExplainSet:
     captions: Callable[[int], str | None] | None = None
     trees: Any = None
     pixelated: bool = False
+    files: Callable[[int], str | None] | None = None
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -323,11 +336,24 @@ class ServeState:
 
     def collection(self, name: str) -> Collection:
         if name not in self.collections:
-            raise NotFound(f"no collection {name!r}; served: {sorted(self.collections)}")
+            raise NotFound(f"no collection {name!r}; served: {', '.join(sorted(self.collections))}")
         return self.collections[name]
 
 
 # --- loading ---------------------------------------------------------------------------------
+
+
+def file_fields(files: Callable[[int], str | None] | None, row: int) -> dict:
+    """{"file": the name of the row's image file, "path": its whole path} (None, None: not a file)."""
+    path = None if files is None else files(row)
+    return {"file": PurePath(path).name if path else None, "path": path}
+
+
+def store_files(store: Any) -> Callable[[int], str | None] | None:
+    """row -> the image file the store's metadata names ("path"); None when its rows name none."""
+    if not len(store) or "path" not in store.metadata([0])[0]:
+        return None
+    return lambda row: store.metadata([row])[0].get("path")
 
 
 def _image_file(path: str, max_pixels: int) -> np.ndarray:
@@ -413,7 +439,9 @@ def state_for_store(store: str | Path, *, controlembed: str | Path | None = None
         tv = TEVI.load(tevi, encoder_id=st.encoder_id)
     pixels, labels = store_pixels(st, data, max_pixels) if len(st) else (None, None)
     name = Path(store).resolve().name or "store"
-    coll = Collection(name, st, enc, pixels, labels, ce, tv, description=f"{len(st)} images, encoder {st.encoder_id}")
+    files = store_files(st)
+    coll = Collection(name, st, enc, pixels, labels, ce, tv, description=f"{len(st)} images, encoder {st.encoder_id}",
+                      files=files)
     explain = None
     if enc is not None and pixels is not None:
         from vlctl.methods.threevl.relevancy import patch_geometry
@@ -428,5 +456,5 @@ def state_for_store(store: str | Path, *, controlembed: str | Path | None = None
             cfg = getattr(enc, "config", None)
             words = getattr(cfg, "vocab", None) if getattr(cfg, "text_tower", None) == "transformer" else None
             vocab = set(words) if words else None
-            explain = ExplainSet(name, len(st), pixels, models, labels, TreeGenerator(vocabulary=vocab))
+            explain = ExplainSet(name, len(st), pixels, models, labels, TreeGenerator(vocabulary=vocab), files=files)
     return ServeState({name: coll}, explain, find_reports(reports) if reports else {}, title=f"vlctl \u00b7 {name}")

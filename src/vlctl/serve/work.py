@@ -12,11 +12,11 @@ import numpy as np
 
 from vlctl.fsops import VlctlError
 from vlctl.serve import imaging
-from vlctl.serve.state import Collection, ExplainSet
+from vlctl.serve.state import Collection, ExplainSet, file_fields
 
 
 def _hits(coll: Collection, ids: np.ndarray, scores: np.ndarray) -> list[dict]:
-    return [{"id": int(i), "score": float(s), "label": coll.label(int(i))} for i, s in zip(ids, scores) if i >= 0]
+    return [coll.hit(int(i), float(s)) for i, s in zip(ids, scores) if i >= 0]
 
 
 def query_vector(coll: Collection, text: str | None, image_id: int | None, pixels: np.ndarray | None = None):
@@ -25,7 +25,7 @@ def query_vector(coll: Collection, text: str | None, image_id: int | None, pixel
         return coll.pixel_query(pixels), {"image": "upload", "size": list(pixels.shape[:2])}
     if text is not None:
         return coll.text_query(text), {"text": text}
-    return coll.row_query(int(image_id)), {"image_id": int(image_id)}
+    return coll.row_query(int(image_id)), {"image_id": int(image_id), **file_fields(coll.files, int(image_id))}
 
 
 def search(coll: Collection, text: str | None, image_id: int | None, k: int, pixels: np.ndarray | None = None):
@@ -45,10 +45,12 @@ def steer(coll: Collection, req: Any) -> dict:
         ids, before = base.ids, base.scores
         after = np.asarray(rerank(q, ids, coll.store), dtype=np.float32)[0]
         after = np.where(ids[0] >= 0, after, -np.inf)
-        order = np.argsort(-after, kind="stable")[:k]
-        hits = [{"id": int(ids[0, j]), "score": float(after[j]), "label": coll.label(int(ids[0, j])),
-                 "before_rank": int(j) + 1, "before_score": float(before[0, j]), "moved": bool(j != r)}
-                for r, j in enumerate(order) if ids[0, j] >= 0]
+        order = [j for j in np.argsort(-after, kind="stable")[:k] if ids[0, j] >= 0]
+        shown = [int(ids[0, j]) for j in order]
+        latents = tevi_latents(coll, q, shown)
+        hits = [{**coll.hit(row, float(after[j])), "before_rank": int(j) + 1, "before_score": float(before[0, j]),
+                 "moved": m, **latents[r]}
+                for r, (row, j, m) in enumerate(zip(shown, order, moved([int(j) for j in order])))]
         return {"collection": coll.name, "query": {"text": req.text, "candidates": int(ids.shape[1])}, "mode": "tevi",
                 "note": f"the top {ids.shape[1]} by cosine, re-scored by the fused score: {rerank.fusion['note']}",
                 "hits": hits}
@@ -65,8 +67,8 @@ def steer(coll: Collection, req: Any) -> dict:
         mode = "compose"
     untrained = [a for a in (req.attribute, req.attribute_b) if a is not None and a not in coll.attributes]
     if untrained:
-        note = (f"not trained on {untrained}: their maps come from the MiniLM embedding of the text "
-                f"(trained: {coll.attributes})")
+        note = (f"not trained on: {', '.join(untrained)}; the maps come from the MiniLM embedding of the text "
+                f"(trained on: {', '.join(coll.attributes)})")
     res = coll.store.search(steered, k=k)
     query.update(attribute=req.attribute, **({"attribute_b": req.attribute_b, "alpha": req.alpha}
                                                if req.attribute_b is not None else {}))
@@ -74,10 +76,72 @@ def steer(coll: Collection, req: Any) -> dict:
             "hits": _hits(coll, res.ids[0], res.scores[0])}
 
 
+def moved(before: list[int]) -> list[bool]:
+    """Which reranked results moved, given the cosine rank each came from (in the order shown).
+
+    Those on one longest increasing run of `before` kept their order among themselves: they only
+    made room for the others (one result jumping from #30 to #1 pushes the rest down one place, and
+    it alone moved). The rest are the fewest results whose moves turn the cosine order into the new
+    one. The run is the one patience sorting finds (a swapped pair: the one that rose moved)."""
+    import bisect
+
+    tails: list[int] = []  # the smallest last rank of an increasing run of each length
+    ends: list[int] = []  # where that run ends
+    prev = [-1] * len(before)
+    for i, b in enumerate(before):
+        j = bisect.bisect_left(tails, b)
+        prev[i] = ends[j - 1] if j else -1
+        if j == len(tails):
+            tails.append(b)
+            ends.append(i)
+        else:
+            tails[j], ends[j] = b, i
+    stayed, i = set(), ends[-1] if ends else -1
+    while i >= 0:
+        stayed.add(i)
+        i = prev[i]
+    return [i not in stayed for i in range(len(before))]
+
+
+LATENTS_SHOWN = 4  # kept and dropped latents shown per TEVI result
+
+
+def tevi_latents(coll: Collection, q: np.ndarray, rows: list[int]) -> list[dict]:
+    """Per row, {"kept": [...], "dropped": [...]}: its active SAE latents that the mask of the query
+    text `q` (1, d) keeps and drops, named (`vlctl.methods.tevi.explain`, what `--explain` prints)."""
+    from vlctl.methods.tevi.explain import explain_results
+    from vlctl.serve.latents import latent_names
+
+    if not rows:
+        return []
+    [expl] = explain_results(coll.tevi, coll.store, q, [rows], names=latent_names(coll), top=LATENTS_SHOWN)
+    return expl
+
+
+def cluster_names(sims: np.ndarray, names: list[str]) -> list[str]:
+    """(k, S) cosines of cluster centres with the S subclass texts -> a distinct name per cluster: each
+    subclass names at most one cluster, chosen for the largest total cosine (scipy's
+    `linear_sum_assignment`); clusters left over (k > S) take their nearest subclass, numbered
+    ("red (2)")."""
+    from scipy.optimize import linear_sum_assignment
+
+    out: list[str | None] = [None] * len(sims)
+    rows, cols = linear_sum_assignment(sims, maximize=True)
+    for r, c in zip(rows, cols):
+        out[r] = names[c]
+    taken = {n: 1 for n in out if n is not None}
+    for r in np.argsort(-sims.max(1), kind="stable"):
+        if out[r] is None:
+            n = names[int(np.argmax(sims[r]))]
+            taken[n] = taken.get(n, 0) + 1
+            out[r] = f"{n} ({taken[n]})"
+    return out
+
+
 def cluster(coll: Collection, attribute: str, k: int | None, seed: int, per_cluster: int) -> dict:
     """`vlctl cluster` in memory: ControlEmbed k-means of the whole collection by `attribute`; per
-    cluster its size, the rows nearest its centre (in the space k-means ran in) and the subclass
-    whose text embedding is nearest the centre."""
+    cluster its size, the rows nearest its centre (in the space k-means ran in) and a subclass name
+    of its own (`cluster_names`: the subclass texts nearest the centres, each used once)."""
     from vlctl.methods.controlembed.estimator import normalize_rows
 
     t0 = time.perf_counter()
@@ -93,18 +157,21 @@ def cluster(coll: Collection, attribute: str, k: int | None, seed: int, per_clus
     ids = model.cluster(emb, attribute, k, seed=seed, encoder_id=coll.store.encoder_id)
     z = normalize_rows(model.transform(emb, attribute, encoder_id=coll.store.encoder_id))
     texts = (model.class_text_emb_ or {}).get(attribute)
-    clusters = []
+    clusters, centres = [], []
     for c in range(k):
         members = np.flatnonzero(ids == c)
-        info: dict = {"id": c, "size": len(members), "subclass": None, "nearest": []}
+        info: dict = {"id": c, "size": len(members), "subclass": None, "nearest": [], "images": []}
         if len(members):
             centre = z[members].mean(0)
+            centres.append((c, centre / max(float(np.linalg.norm(centre)), 1e-12)))
             dist = np.linalg.norm(z[members] - centre, axis=1)
             info["nearest"] = members[np.argsort(dist, kind="stable")[:per_cluster]].tolist()
-            if texts is not None:
-                best = int(np.argmax(texts @ (centre / max(float(np.linalg.norm(centre)), 1e-12))))
-                info["subclass"] = coll.subclasses(attribute)[best]
+        info["images"] = [coll.hit(i) for i in info["nearest"]]
         clusters.append(info)
+    if texts is not None and centres:
+        sims = np.stack([c for _, c in centres]) @ np.asarray(texts).T
+        for (c, _), name in zip(centres, cluster_names(sims, coll.subclasses(attribute))):
+            clusters[c]["subclass"] = name
     clusters.sort(key=lambda c: -c["size"])
     return {"collection": coll.name, "attribute": attribute, "k": int(k), "n_images": len(ids),
             "seconds": time.perf_counter() - t0, "clusters": clusters}

@@ -42,14 +42,18 @@ def explain_line(expl: dict, n: int = 4) -> str:
     return f"kept: {part(expl['kept'])}; dropped: {part(expl['dropped'])}"
 
 
-def explain_results(tevi, store, text_emb, ids, encoder=None) -> list[list[dict]]:
+def explain_results(tevi, store, text_emb, ids, encoder=None, names: Sequence[str] | None = None,
+                    top: int = 8) -> list[list[dict]]:
     """For query q (a row of the text embeddings (Q, d)) and each store row of ids[q], the latents
     of that image the query's mask kept and dropped (`kept_and_dropped`), named with the store's
-    vocabulary (`decoder_names`; `encoder`: the store's, default rebuilt from its spec). `tevi`: a
-    fitted TEVI of the store's encoder. What `search --explain` and `score tevi --explain` print."""
+    vocabulary (`decoder_names`; `encoder`: the store's, default rebuilt from its spec; `names`: the
+    latents' names computed before). `tevi`: a fitted TEVI of the store's encoder. What
+    `search --explain` and `score tevi --explain` print, and the web page's Steer tab shows."""
     from vlctl.methods.sae.describe import decoder_names
 
     store.check_encoder(tevi.encoder_id_)
-    names = decoder_names(tevi.sae_.model_, store, encoder)
+    if names is None:
+        names = decoder_names(tevi.sae_.model_, store, encoder)
     masks = tevi.masks(text_emb)
-    return [[kept_and_dropped(c, m, names) for c in tevi.sae_.encode(store.vectors(row))] for m, row in zip(masks, ids)]
+    return [[kept_and_dropped(c, m, names, top) for c in tevi.sae_.encode(store.vectors(row))]
+            for m, row in zip(masks, ids)]

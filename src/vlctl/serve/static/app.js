@@ -37,18 +37,30 @@ async function api(path, body, isForm = false) {
 
 const imgUrl = (source, id, size = 128) => `/api/images/${encodeURIComponent(source)}/${id}?size=${size}`;
 
+const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+// What names a row: its file's name; a row that is no file (a generated set) by its row number.
+const nameOf = (hit) => hit.file || `row ${hit.id}`;
+const titleOf = (hit) => [hit.path || nameOf(hit), hit.label].filter((x) => x).join("\n");
+
 function hitButton(source, hit, onPick, extra) {
-  const b = el("button", { type: "button", class: "hit", "data-id": String(hit.id), title: hit.label || `image ${hit.id}` },
-    el("img", { src: imgUrl(source, hit.id), alt: hit.label || `image ${hit.id}`, loading: "lazy" }));
-  if (hit.score !== undefined) b.append(el("span", { class: "score", text: hit.score.toFixed(3) }));
+  const b = el("button", { type: "button", class: "hit", "data-id": String(hit.id), title: titleOf(hit) },
+    el("img", { src: imgUrl(source, hit.id), alt: hit.label || nameOf(hit), loading: "lazy" }),
+    el("span", { class: "file", text: nameOf(hit) }));
+  if (hit.score != null) b.append(el("span", { class: "score", text: hit.score.toFixed(3) }));
   if (extra) b.append(extra);
   if (hit.label) b.append(el("span", { class: "label", text: hit.label }));
-  b.addEventListener("click", () => onPick(hit.id));
+  b.addEventListener("click", () => onPick(hit.id, hit));
   return b;
 }
 
+// A failed request leaves no earlier answer on the page under its message.
+function failed(e, ...containers) {
+  for (const c of containers) c.replaceChildren();
+  status(e.message, true);
+}
+
 // -- tabs: Tab reaches each tab button, Enter/Space opens it, arrows move between them -------------
-const TABS = ["search", "steer", "clusters", "explain", "reports"];
+const TABS = ["search", "steer", "clusters", "explain", "latents", "reports"];
 function openTab(name, focus = false) {
   for (const t of TABS) {
     const on = t === name;
@@ -58,6 +70,7 @@ function openTab(name, focus = false) {
   if (focus) $(`tab-${name}`).focus();
   status("");
   history.replaceState(null, "", `#${name}`);
+  if (name === "latents") latentsOpen();
 }
 TABS.forEach((t, i) => {
   const b = $(`tab-${t}`);
@@ -75,11 +88,11 @@ function fillSelect(sel, names) {
   sel.replaceChildren(...names.map((n) => el("option", { value: n, text: n })));
 }
 
-async function picks(source, container, onPick, n = 12) {
+async function picks(source, container, onPick, seed = 0, n = 12) {
   container.replaceChildren();
   if (!source) return;
-  const { ids } = await api(`/api/sample/${encodeURIComponent(source)}?n=${n}`);
-  container.replaceChildren(...ids.map((id) => hitButton(source, { id }, onPick)));
+  const { items } = await api(`/api/sample/${encodeURIComponent(source)}?n=${n}&seed=${seed}`);
+  container.replaceChildren(...items.map((it) => hitButton(source, it, onPick)));
 }
 
 // -- Search --------------------------------------------------------------------------------------
@@ -89,10 +102,10 @@ async function search(body) {
   try {
     const r = await api("/api/search", { collection: coll, k: 24, ...body });
     $("search-heading").textContent = r.query.text !== undefined ? `Results for \u201c${r.query.text}\u201d`
-      : `Images like image ${r.query.image_id}`;
+      : `Images like ${nameOf({ id: r.query.image_id, file: r.query.file })}`;
     showHits($("search-results"), coll, r.hits, (id) => search({ image_id: id }));
-    status(`${r.hits.length} results`);
-  } catch (e) { status(e.message, true); }
+    status(plural(r.hits.length, "result"));
+  } catch (e) { $("search-heading").textContent = "Results"; failed(e, $("search-results")); }
 }
 
 function showHits(container, source, hits, onPick, extra) {
@@ -122,8 +135,8 @@ $("upload-form").addEventListener("submit", async (e) => {
     const coll = $("search-collection").value;
     $("search-heading").textContent = `Images like the uploaded ${f.name}`;
     showHits($("search-results"), coll, r.hits, (id) => search({ image_id: id }));
-    status(`${r.hits.length} results`);
-  } catch (err) { status(err.message, true); }
+    status(plural(r.hits.length, "result"));
+  } catch (err) { $("search-heading").textContent = "Results"; failed(err, $("search-results")); }
 });
 $("search-collection").addEventListener("change", () =>
   picks($("search-collection").value, $("search-picks"), (id) => search({ image_id: id })));
@@ -140,11 +153,52 @@ function steerSetup() {
   $("steer-tevi").checked = c.tevi && !c.attributes.length;
   $("steer-attribute").disabled = !c.attributes.length;
   $("steer-attribute-b").disabled = !c.attributes.length;
+  alphaLabel();
   $("steer-note").textContent = (c.attributes.length ? `attributes: ${c.attributes.join(", ")}` +
     (c.free_text_attributes ? " (or type any attribute: MiniLM embeds it)" : "") : "") +
     (c.tevi ? (c.attributes.length ? " \u00b7 " : "") + "TEVI: a text query, its top 100 re-scored by the caption. " +
       c.tevi_note : "");
-  picks(c.name, $("steer-picks"), (id) => { $("steer-image-id").value = id; $("steer-text").value = ""; steer(); });
+  $("steer-picker").hidden = !c.attributes.length;  // TEVI alone steers by a text, not by an image
+  steerPicks(0);
+}
+
+function steerPick(id, hit) {
+  $("steer-image-id").value = id;
+  $("steer-text").value = "";
+  if ($("steer-tevi").checked && steerCollection().attributes.length) $("steer-tevi").checked = false;
+  showPicked("steer", steerCollection().name, hit || { id });
+  steer();
+}
+
+function steerPicks(seed) { picks(steerCollection().name, $("steer-picks"), steerPick, seed); }
+
+// The picked query image with its file name beside the form (steer-picked / explain-picked).
+function showPicked(which, source, hit) {
+  const img = $(which === "steer" ? "steer-query-img" : "explain-picked-img");
+  img.src = imgUrl(source, hit.id, 96);
+  $(`${which}-picked`).title = titleOf(hit);
+  $(`${which}-picked-name`).textContent = nameOf(hit);
+  $(`${which}-picked`).hidden = false;
+}
+
+// The slider weighs the first attribute against the second: say which.
+function alphaLabel() {
+  const a = $("steer-attribute").value.trim(), b = $("steer-attribute-b").value.trim();
+  $("steer-alpha-label").textContent = b ? `\u03b1: weight of \u201c${a}\u201d (1 \u2212 \u03b1: \u201c${b}\u201d)`
+    : "\u03b1: weight of the attribute (blend: pick a second one)";
+  $("steer-alpha").disabled = !b;
+}
+
+// A TEVI result's named SAE latents: those the caption's mask kept, and those it dropped.
+function latentLine(h) {
+  const part = (rows) => rows.map((l) => l.name || `#${l.latent}`).join(", ") || "none";
+  const box = el("span", { class: "latent-use" });
+  if (h.kept.length || h.dropped.length) {
+    box.append(el("span", { class: "kept", text: `kept: ${part(h.kept)}` }), el("span", { class: "dropped", text: `dropped: ${part(h.dropped)}` }));
+    box.title = [...h.kept.map((l) => `kept ${l.name || "#" + l.latent}: activation ${l.value.toFixed(2)}, mask ${l.mask.toFixed(2)}`),
+      ...h.dropped.map((l) => `dropped ${l.name || "#" + l.latent}: activation ${l.value.toFixed(2)}, mask ${l.mask.toFixed(2)}`)].join("\n");
+  }
+  return box;
 }
 
 async function steer() {
@@ -161,25 +215,29 @@ async function steer() {
     const b = $("steer-attribute-b").value.trim();
     if (b) { body.attribute_b = b; body.alpha = Number($("steer-alpha").value); }
   }
-  const q = $("steer-query-img");
-  q.hidden = body.image_id === undefined;
-  if (!q.hidden) q.src = imgUrl(c.name, body.image_id, 96);
+  if (body.image_id === undefined) $("steer-picked").hidden = true;
   status("steering\u2026");
   try {
     const r = await api("/api/steer", body);
-    const extra = r.mode === "tevi" ? (h) => el("span", { class: "move",
-      text: `#${h.before_rank} ${h.before_score.toFixed(3)} \u2192 ${h.score.toFixed(3)}` }) : null;
-    showHits($("steer-results"), c.name, r.hits, (id) => {
-      $("steer-image-id").value = id; $("steer-text").value = ""; $("steer-tevi").checked = false; steer();
+    if (body.image_id !== undefined) showPicked("steer", c.name, { id: body.image_id, file: r.query.file, path: r.query.path });
+    const extra = r.mode === "tevi" ? (h) => el("span", { class: "move" },
+      el("span", { text: `CLIP #${h.before_rank} ${h.before_score.toFixed(3)} \u2192 ${h.score.toFixed(3)}` }), latentLine(h)) : null;
+    showHits($("steer-results"), c.name, r.hits, (id, hit) => {
+      $("steer-tevi").checked = false; steerPick(id, hit);
     }, extra);
+    $("steer-heading").textContent = body.text !== undefined ? `Results for \u201c${body.text}\u201d`
+      : `Images like ${nameOf({ id: body.image_id, file: r.query.file })} by ${body.attribute}` + (body.attribute_b ? ` and ${body.attribute_b}` : "");
     const moved = r.hits.filter((h) => h.moved).length;
-    status((r.mode === "tevi" ? `TEVI: ${moved} of ${r.hits.length} results moved` : `${r.mode}: ${r.hits.length} results`) +
+    status((r.mode === "tevi" ? `TEVI: ${moved} of ${plural(r.hits.length, "result")} moved against the CLIP order` : `${r.mode}: ${plural(r.hits.length, "result")}`) +
       (r.note ? ` \u00b7 ${r.note}` : ""));
-  } catch (e) { status(e.message, true); }
+  } catch (e) { $("steer-heading").textContent = "Results"; failed(e, $("steer-results")); }
 }
 $("steer-form").addEventListener("submit", (e) => { e.preventDefault(); steer(); });
 $("steer-collection").addEventListener("change", steerSetup);
-$("steer-attribute").addEventListener("change", () => steer());
+$("steer-attribute").addEventListener("change", () => { alphaLabel(); steer(); });
+$("steer-attribute-b").addEventListener("input", alphaLabel);
+$("steer-attribute").addEventListener("input", alphaLabel);
+$("steer-more").addEventListener("click", () => steerPicks(Math.floor(Math.random() * 1e9)));
 $("steer-alpha").addEventListener("input", () => { $("steer-alpha-value").textContent = Number($("steer-alpha").value).toFixed(2); });
 $("steer-alpha").addEventListener("change", () => { if ($("steer-attribute-b").value.trim()) steer(); });
 
@@ -202,25 +260,31 @@ async function cluster() {
     }
     if (job.status === "failed") throw new Error(job.error);
     const r = job.result;
-    $("cluster-status").textContent = `${r.n_images} images in ${r.k} clusters by ${r.attribute} (${r.seconds.toFixed(2)} s)`;
+    $("cluster-status").textContent = `${plural(r.n_images, "image")} in ${plural(r.k, "cluster")} by ${r.attribute} (${r.seconds.toFixed(2)} s)`;
     $("cluster-results").replaceChildren(...r.clusters.map((cl) => el("div", { class: "cluster" },
-      el("h3", { text: `cluster ${cl.id} \u00b7 ${cl.size} images` + (cl.subclass ? ` \u00b7 nearest subclass: ${cl.subclass}` : "") }),
-      el("div", { class: "strip" }, ...cl.nearest.map((id) => hitButton(coll, { id }, (i) => {
+      el("h3", { text: (cl.subclass ? `${cl.subclass} \u00b7 ` : "") + `cluster ${cl.id} \u00b7 ${plural(cl.size, "image")}` }),
+      el("div", { class: "strip" }, ...cl.images.map((h) => hitButton(coll, h, (i) => {
         openTab("search"); $("search-collection").value = coll; search({ image_id: i });
       }))))));
     status("clusters ready");
-  } catch (e) { $("cluster-status").textContent = ""; status(e.message, true); }
+  } catch (e) { $("cluster-status").textContent = ""; failed(e, $("cluster-results")); }
 }
 $("cluster-form").addEventListener("submit", (e) => { e.preventDefault(); cluster(); });
 $("cluster-collection").addEventListener("change", clusterSetup);
 $("cluster-attribute").addEventListener("change", cluster);
 
 // -- Explain -------------------------------------------------------------------------------------
-function explainPick(id) {
+function explainPick(id, hit) {
   $("explain-id").value = id;
   $("explain-file").value = "";  // a picked image replaces an uploaded one
-  const ex = INFO.explain.examples.find((x) => x.id === id);
-  if (ex && ex.caption) $("explain-positive").value = ex.caption;
+  const ex = hit || INFO.explain.examples.find((x) => x.id === id) || { id };
+  const caption = ex.caption || ex.label;
+  if (caption) $("explain-positive").value = caption;
+  showPicked("explain", "explain", ex);
+}
+
+function explainPicks(seed) {
+  picks("explain", $("explain-picks"), explainPick, seed, 24);
 }
 
 async function explain() {
@@ -241,6 +305,8 @@ async function explain() {
     } else {
       r = await api("/api/explain", body);
     }
+    $("explain-heading").textContent = `Explained: ${file ? file.name : $("explain-picked-name").textContent || nameOf({ id: body.image_id })}`;
+    $("explain-heading").hidden = false;
     const bars = el("div", { class: "bars" }, ...r.colour_bars.map((b) => el("figure", {},
       el("img", { src: b.image, alt: `colour bar: ${b.label}` }),
       el("div", { class: "ends" }, el("span", { text: b.vmin.toPrecision(3) }), el("span", { text: b.vmax.toPrecision(3) })),
@@ -271,16 +337,95 @@ async function explain() {
       r.tree_note ? el("p", { class: "hint", text: r.tree_note }) : null,
       el("div", { class: "models" }, ...models)].filter((x) => x));
     status(`explained in ${r.seconds.toFixed(2)} s`);
-  } catch (e) { status(e.message, true); }
+  } catch (e) { $("explain-heading").hidden = true; failed(e, $("explain-results")); }
 }
 $("explain-form").addEventListener("submit", (e) => { e.preventDefault(); explain(); });
+$("explain-file").addEventListener("change", () => { $("explain-picked").hidden = !!$("explain-file").files.length; });
+$("explain-more").addEventListener("click", () => explainPicks(Math.floor(Math.random() * 1e9)));
+$("explain-id").addEventListener("change", () => explainPick(Number($("explain-id").value || 0)));
+
+// -- Latents: the served SAE's latents, named; described once per collection on a background job -----
+const LATENTS = { summaries: {}, offset: 0, timer: null };
+
+async function latentsOpen() {
+  const coll = $("latents-collection").value;
+  if (!coll) {
+    $("latents-summary").textContent = "No SAE is served: start the page with \u201cvlctl serve STORE --tevi TEVI_DIR\u201d; " +
+      "its SAE's latents are listed here.";
+    return;
+  }
+  try {
+    if (!LATENTS.summaries[coll]) {
+      $("latents-summary").textContent = "naming the SAE's latents (once; a large store takes minutes)\u2026";
+      let job = await api("/api/latents", { collection: coll });
+      while (job.status === "queued" || job.status === "running") {
+        await new Promise((r) => setTimeout(r, 250));
+        job = await api(`/api/jobs/${job.id}`);
+      }
+      if (job.status === "failed") throw new Error(job.error);
+      LATENTS.summaries[coll] = job.result.summary;
+    }
+    const s = LATENTS.summaries[coll];
+    $("latents-summary").textContent = `${plural(s.live, "live latent")} of ${s.n_latents} (${s.dead} dead) over ` +
+      `${plural(s.n_images, "image")}; names from ${plural(s.vocabulary, "phrase")} of the ${s.vocabulary_source}` +
+      (s.top_name && s.top_name.auc_median != null ? `; median AUC of the top names ${s.top_name.auc_median.toFixed(2)} ` +
+        `(shuffled decoder: ${s.shuffled_decoder.auc_median.toFixed(2)})` : "");
+    if (!$("latents-list").children.length) latentsList(0);
+  } catch (e) { $("latents-summary").textContent = ""; failed(e, $("latents-list"), $("latent-images")); }
+}
+
+async function latentsList(offset) {
+  const coll = $("latents-collection").value;
+  const q = $("latents-q").value.trim();
+  try {
+    const r = await api(`/api/latents/${encodeURIComponent(coll)}?limit=50&offset=${offset}` + (q ? `&q=${encodeURIComponent(q)}` : ""));
+    const rows = r.latents.map((l) => {
+      const [top, ...rest] = l.names;
+      const b = el("button", { type: "button", class: "latent", "data-latent": String(l.latent), onclick: () => latentOpen(l.latent) },
+        el("span", { class: "name", text: top ? top.name : `latent ${l.latent}` }),
+        el("span", { class: "hint", text: `#${l.latent} \u00b7 fires on ${(100 * l.frequency).toFixed(1)}% \u00b7 ` +
+          (top ? `cos ${top.cosine.toFixed(2)}` + (top.margin != null ? `, margin ${top.margin.toFixed(2)}` : "") +
+            (top.auc != null ? `, AUC ${top.auc.toFixed(2)}` : "") : "") }),
+        el("span", { class: "hint others", text: rest.length ? `also: ${rest.map((n) => n.name).join(", ")}` : "" }),
+        el("span", { class: "thumbs" }, ...l.top_images.map((i) => el("img", { src: imgUrl(coll, i, 64), alt: "", loading: "lazy" }))));
+      return b;
+    });
+    if (offset === 0) $("latents-list").replaceChildren(...rows); else $("latents-list").append(...rows);
+    LATENTS.offset = offset + r.latents.length;
+    $("latents-more").hidden = LATENTS.offset >= r.total;
+    status(q ? `${plural(r.total, "latent")} named like \u201c${q}\u201d` : plural(r.total, "live latent"));
+  } catch (e) { failed(e, $("latents-list")); }
+}
+
+async function latentOpen(latent) {
+  const coll = $("latents-collection").value;
+  try {
+    const r = await api(`/api/latents/${encodeURIComponent(coll)}/${latent}`);
+    $("latent-heading").textContent = `Latent #${r.latent}` + (r.names.length ? `: ${r.names[0].name}` : "") +
+      ` \u00b7 its top ${plural(r.hits.length, "image")} (score: activation)`;
+    $("latent-heading").hidden = false;
+    showHits($("latent-images"), coll, r.hits, (id) => { openTab("search"); $("search-collection").value = coll; search({ image_id: id }); });
+    $("latent-heading").scrollIntoView({ block: "nearest" });
+  } catch (e) { $("latent-heading").hidden = true; failed(e, $("latent-images")); }
+}
+
+$("latents-form").addEventListener("submit", (e) => { e.preventDefault(); latentsList(0); });
+$("latents-q").addEventListener("input", () => { clearTimeout(LATENTS.timer); LATENTS.timer = setTimeout(() => latentsList(0), 250); });
+$("latents-more").addEventListener("click", () => latentsList(LATENTS.offset));
+$("latents-collection").addEventListener("change", () => { $("latents-list").replaceChildren(); latentsOpen(); });
 
 // -- Reports -------------------------------------------------------------------------------------
 function reportsSetup() {
   const list = $("report-list");
-  if (!INFO.reports.length) { list.replaceChildren(el("p", { class: "hint", text: "no reports (vlctl reproduce writes them)" })); return; }
+  if (!INFO.reports.length) {
+    list.replaceChildren(el("p", { class: "empty", text: "No reports are served. To make one, run a recipe, e.g. " +
+      "\u201cvlctl reproduce controlembed-shapes --out runs/reports\u201d (vlctl reproduce --help lists them), then start " +
+      "the page with \u201cvlctl serve STORE --reports runs/reports\u201d (make demo serves its own)." }));
+    return;
+  }
   list.replaceChildren(...INFO.reports.map((r) => el("button", { type: "button", "data-report": r.id, text: r.title,
     onclick: () => { $("report-frame").src = r.url; } })));
+  $("report-frame").hidden = false;
   $("report-frame").src = INFO.reports[0].url;
 }
 
@@ -295,11 +440,12 @@ function reportsSetup() {
   fillSelect($("steer-collection"), INFO.collections.filter((c) => c.attributes.length || c.tevi).map((c) => c.name));
   fillSelect($("cluster-collection"), INFO.collections.filter((c) => c.attributes.length).map((c) => c.name));
   picks(names[0], $("search-picks"), (id) => search({ image_id: id }));
+  fillSelect($("latents-collection"), INFO.collections.filter((c) => c.sae).map((c) => c.name));
   steerSetup();
   clusterSetup();
   if (INFO.explain) {
     $("explain-picks").replaceChildren(...INFO.explain.examples.map((x) =>
-      hitButton("explain", { id: x.id, label: x.caption }, explainPick)));
+      hitButton("explain", { ...x, label: x.caption }, explainPick)));
     if (INFO.explain.examples.length) explainPick(INFO.explain.examples[0].id);
   } else {
     $("explain-results").replaceChildren(el("p", { class: "hint", text: "nothing to explain: the encoder has no ViT image tower" }));
