@@ -224,6 +224,11 @@ def test_recipe_miniature_end_to_end(tmp_path):
     assert len(rel) == r["n_train_relation"] > 0
     assert r["train_relation"]["tree"] == pytest.approx(100 * np.mean(rel[:, 0] > rel[:, 1]))
     assert r["hard_negatives"]["batch_size"] == MINI.ft_batch_size
+    two = arr["n_objects__relation_spatial"] == 2
+    assert len(two) == r["n_items"]["relation_spatial"] and r["n_relation_two_objects"] == int(two.sum())
+    if two.any():
+        s = arr["scores_tree_s0__relation_spatial"][two]
+        assert r["relation_two_objects"]["tree"] == pytest.approx(100 * np.mean(s[:, 0] > s[:, 1]))
     assert r["answer"]["cause"] in ("tree_wins", "premise_not_reached", "hard_negatives_in_batches",
                                     "relations_not_learnable", "loss_does_not_help")
     text = report.read_text()

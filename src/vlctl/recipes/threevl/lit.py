@@ -571,7 +571,11 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitReci
 
     arr = np.load(eval_dir / "eval.npz")
     arrays = out / "arrays"
-    atomic_save_npz(arrays / "checklist.npz", **{k: arr[k] for k in arr.files})
+    # objects in each item's scene: relations are learnable where their two objects are the only ones
+    test_labels = load_scenes(data_dir / "test")["labels"]
+    n_objects = {f"n_objects__{c}": np.array([len(test_labels[it["index"]]["objects"]) for it in its], dtype=np.int64)
+                 for c, its in test_items(data_dir, cfg.data_seed).items()}
+    atomic_save_npz(arrays / "checklist.npz", **{k: arr[k] for k in arr.files}, **n_objects)
     atomic_write_text(arrays / "README.md", ARRAYS_README)
     # The report's numbers come from the saved arrays, not from the stage's memory.
     ev = read_json(eval_dir / "eval.json", "eval.json")

@@ -112,13 +112,17 @@ def results_from_arrays(arr, cfg, pos_tags: dict[str, list[str]]) -> dict:
 
     train_rel = {m: float(np.mean([checklist_accuracy(arr[f"train_relation_{m}_s{s}"]) for s in seeds]))
                  for m in BASE_MODELS if f"train_relation_{m}_s{seeds[0]}" in arr}
+    two = arr["n_objects__relation_spatial"] == 2 if "n_objects__relation_spatial" in arr else None
+    rel_two = {m: float(np.mean([checklist_accuracy(arr[f"scores_{m}_s{s}__relation_spatial"][two]) for s in seeds]))
+               for m in BASE_MODELS} if two is not None else {}
     return {"accuracy": table, "anchor_token_removal": anchor, "failures_by_pos": failures,
             "n_items_by_pos": n_by_pos, "n_items": {c: int(correct["base"][c].shape[1]) for c in CATEGORIES},
             "minilm_text_cosine": text_cos, "best_baseline": best,
             "paired": {"contrastive_minus_base": paired("contrastive", "base"), "negclip_minus_base":
                        paired("negclip", "base"), "tree_minus_base": paired("tree", "base"),
                        "tree_minus_best_baseline": paired("tree", best)},
-            "train_relation": train_rel,
+            "train_relation": train_rel, "relation_two_objects": rel_two,
+            "n_relation_two_objects": int(two.sum()) if two is not None else 0,
             "items_per_category_for_2_points": items_for_difference(diffs)}
 
 
@@ -209,6 +213,8 @@ the first n_relevancy rows of scores_tree_s<seed>__<category>.
 `train_relation_<model>_s<seed>` (n, 2): [cosine(image, caption), cosine(image, caption with its
 relation reversed)] on the first fine-tuning scenes (vlctl.recipes.threevl.lit.relation_swap_items):
 whether a model fits the relations of the scenes it was fine-tuned on.
+`n_objects__<category>` (n,): objects in each item's test scene (2 or 3; the report's relation on
+two-object scenes is relation_spatial over the items with 2).
 `minilm_cosine__<category>` (n,): cosine between the positive and the negative text in the
 frozen MiniLM's normalised sentence embeddings (text only).
 """
@@ -267,6 +273,10 @@ def _report(cfg, r: dict, quick: bool) -> Report:
               [[k.replace("_minus_", " − ").replace("_", " "), f"{v['mean']:+.1f}",
                 ", ".join(f"{x:+.1f}" for x in v["per_seed"]), f"[{v['ci95'][0]:+.1f}, {v['ci95'][1]:+.1f}]"]
                for k, v in pr.items()])
+    if r.get("relation_two_objects"):
+        rep.text(f"Relation on the {r['n_relation_two_objects']} two-object test scenes (where the relation's objects "
+                 "are the only ones: learnable from scratch, docs/findings.md), mean over seeds: " +
+                 ", ".join(f"{m} {v:.1f}" for m, v in r["relation_two_objects"].items()) + ".")
     if r.get("train_relation"):
         rep.text("Relation on the fine-tuning scenes themselves (caption vs. its relation reversed, first "
                  f"{r['n_train_relation']} scenes, mean over seeds): " +
