@@ -49,7 +49,8 @@ from vlctl.encoders.loss import clip_loss
 from vlctl.eval.editing import conditioning_accuracy, leakage_accuracy
 from vlctl.io import atomic_save_npz, atomic_write_json
 from vlctl.methods.sae.model import SparseAutoencoder
-from vlctl.methods.tevi.estimator import TEVI, TeviConfig, TeviMask, edit
+from vlctl.methods.tevi.config import TeviConfig
+from vlctl.methods.tevi.estimator import TEVI, TeviMask, edit
 from vlctl.methods.tevi.scoring import conditioned_scores
 from vlctl.recipes.runner import find_stage
 from vlctl.recipes.tevi import mad as recipe

@@ -18,7 +18,8 @@ from vlctl.cli import methods as cli
 from vlctl.encoders import tiny_config, tiny_model
 from vlctl.fsops import VlctlError
 from vlctl.methods.base import Estimator, UnknownParameterError, embedding_set
-from vlctl.methods.controlembed.estimator import AffineHyperNet, ControlEmbed, ControlEmbedConfig
+from vlctl.methods.controlembed.config import ControlEmbedConfig
+from vlctl.methods.controlembed.estimator import AffineHyperNet, ControlEmbed
 from vlctl.methods.sae.model import SparseAutoencoder
 from vlctl.methods.tevi.estimator import TEVI
 from vlctl.methods.threevl.tree_tune import TreeTuner

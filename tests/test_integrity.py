@@ -27,7 +27,8 @@ from vlctl.cli import main
 from vlctl.embeddings.store import create_store, open_or_create_store, open_store
 from vlctl.fsops import VlctlError
 from vlctl.io import FAST_BLOCK, FAST_BLOCKS, FAST_FULL
-from vlctl.train.loop import LoopConfig, train, verify_checkpoint
+from vlctl.train.config import LoopConfig
+from vlctl.train.loop import train, verify_checkpoint
 
 
 def _cli(argv, capsys) -> tuple[int, str, str]:

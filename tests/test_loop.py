@@ -13,15 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from vlctl.fsops import VlctlError
-from vlctl.train.loop import (
-    LoopConfig,
-    default_param_groups,
-    lr_multiplier,
-    sample_rng,
-    seed_everything,
-    steps_per_epoch,
-    train,
-)
+from vlctl.train.config import LoopConfig
+from vlctl.train.loop import default_param_groups, lr_multiplier, sample_rng, seed_everything, steps_per_epoch, train
 
 N, DIM = 50, 6
 X = torch.randn(N, DIM, generator=torch.Generator().manual_seed(0))

@@ -28,8 +28,9 @@ from vlctl.encoders.tiny_config import MAD_VALUES
 from vlctl.fsops import VlctlError
 from vlctl.io import atomic_write_json
 from vlctl.methods.threevl.tree_tune import _image_embedding, patch_keep, pretrain_clip, trim_padding
-from vlctl.train.clip import ClipTrainConfig, train_clip
-from vlctl.train.loop import LoopConfig, TrainResult, default_param_groups, sample_rng, train
+from vlctl.train.clip import train_clip
+from vlctl.train.config import ClipTrainConfig, LoopConfig
+from vlctl.train.loop import TrainResult, default_param_groups, sample_rng, train
 
 TINY = {
     "name": "tiny-test", "image_size": 28, "stem_channels": [4], "patch_size": 2, "vision_width": 16,

@@ -142,7 +142,7 @@ def score_tevi(args: argparse.Namespace) -> dict:
 
 def fit_sae_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import in_path, out_path, text_arg
-    from vlctl.methods.sae.model import SparseAutoencoder
+    from vlctl.methods.sae.config import SAE_DATA_FIELDS, TopKSAEConfig
 
     _store_arg(p, "the store whose image embeddings the SAE learns")
     p.add_argument("--out", required=True, type=out_path("dir"),
@@ -152,19 +152,19 @@ def fit_sae_args(p: argparse.ArgumentParser) -> None:
                    help="CG-SAE: text file, one concept per line; decoder rows fixed to their embeddings")
     p.add_argument("--encoder", type=text_arg("spec"),
                    help="the store's encoder spec (tiny:DIR, open_clip:..., hf:...; needed with --concepts)")
-    add_config_args(p, SparseAutoencoder.Config, exclude=(*SparseAutoencoder.DATA_FIELDS, "concepts_fixed"))
+    add_config_args(p, TopKSAEConfig, exclude=(*SAE_DATA_FIELDS, "concepts_fixed"))
 
 
 def fit_tevi_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import in_path, out_path
-    from vlctl.methods.tevi.estimator import TEVI
+    from vlctl.methods.tevi.config import TEVI_DATA_FIELDS, TeviConfig
 
     _store_arg(p, "a store with images and their captions")
     p.add_argument("--sae", required=True, type=in_path("SAE directory", "dir"),
                    help="SAE directory from `vlctl fit sae` (same encoder as the cache)")
     p.add_argument("--out", required=True, type=out_path("dir"), help="TEVI directory to write")
     add_output_args(p)
-    add_config_args(p, TEVI.Config, exclude=TEVI.DATA_FIELDS)
+    add_config_args(p, TeviConfig, exclude=TEVI_DATA_FIELDS)
 
 
 def score_tevi_args(p: argparse.ArgumentParser) -> None:
@@ -268,8 +268,7 @@ def fit_controlembed(args: argparse.Namespace) -> dict:
 
 def fit_controlembed_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import TEMPLATE, in_path, out_path, text_arg
-    from vlctl.methods.controlembed.estimator import ControlEmbed
-    from vlctl.methods.controlembed.prompts import DEFAULT_TEMPLATES
+    from vlctl.methods.controlembed.config import CONTROLEMBED_DATA_FIELDS, DEFAULT_TEMPLATES, ControlEmbedConfig
 
     _store_arg(p, "the store of the images to learn the attributes from")
     p.add_argument("--out", required=True, type=out_path("dir"),
@@ -286,7 +285,7 @@ def fit_controlembed_args(p: argparse.ArgumentParser) -> None:
                    help="attributes to train on (default: every labelled one)")
     p.add_argument("--templates", nargs="+", default=list(DEFAULT_TEMPLATES), type=TEMPLATE,
                    help="prompt templates with {} for the subclass, averaged per subclass")
-    add_config_args(p, ControlEmbed.Config, exclude=ControlEmbed.DATA_FIELDS)
+    add_config_args(p, ControlEmbedConfig, exclude=CONTROLEMBED_DATA_FIELDS)
 
 
 def _open_cluster_source(path: str, data: str | None):
@@ -475,7 +474,7 @@ def fit_tree(args) -> dict:
 
 def fit_tree_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import in_path, out_path
-    from vlctl.methods.threevl.tree_tune import TreeTuner
+    from vlctl.methods.threevl.config import TreeTuneConfig
 
     p.add_argument("--encoder", required=True, type=in_path("TinyCLIP model directory", "dir"),
                    help="base TinyCLIP model directory (save_pretrained)")
@@ -487,4 +486,4 @@ def fit_tree_args(p: argparse.ArgumentParser) -> None:
                    help="output: adapters/ (adapter weights only) and model/ (merged TinyCLIP)")
     add_output_args(p)
     p.add_argument("--resume", action="store_true", help="continue OUT/run/checkpoint (config must match)")
-    add_config_args(p, TreeTuner.Config, exclude=TreeTuner.DATA_FIELDS)
+    add_config_args(p, TreeTuneConfig)

@@ -36,7 +36,7 @@ def _index_config(args: argparse.Namespace, default_kind: str):
 def _embed_into_store(args: argparse.Namespace, default_kind: str) -> dict:
     from vlctl.data.source import open_source
     from vlctl.embeddings.build import embed_source
-    from vlctl.embeddings.extract import ExtractConfig
+    from vlctl.embeddings.extract_config import ExtractConfig
     from vlctl.encoders.factory import create
     from vlctl.train.distributed import destroy_distributed, init_distributed
 
@@ -193,7 +193,7 @@ def _spec_help() -> str:
 
 def _source_args(p: argparse.ArgumentParser, default_kind: str) -> None:
     from vlctl.cli.args import device_arg, in_path, out_path, source_arg, strict_arg, text_arg
-    from vlctl.embeddings.extract import ExtractConfig
+    from vlctl.embeddings.extract_config import ExtractConfig
     from vlctl.embeddings.search import IndexConfig
 
     spec_help = _spec_help()

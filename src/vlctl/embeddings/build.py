@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vlctl.embeddings.extract import ExtractConfig, embed_image_array, embed_image_files, embed_text_list
+from vlctl.embeddings.extract import embed_image_array, embed_image_files, embed_text_list
+from vlctl.embeddings.extract_config import ExtractConfig
 from vlctl.embeddings.search import IndexConfig
 from vlctl.embeddings.store import Store, discard_if_empty, open_or_create_store
 from vlctl.embeddings.table import MANIFEST

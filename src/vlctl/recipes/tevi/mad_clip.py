@@ -54,8 +54,8 @@ def load_preset(quick: bool) -> MadClipRecipe:
 
 
 def _train(cfg: MadClipRecipe, data_dir: Path, work: Path, resume: bool) -> None:
-    from vlctl.train.clip import ClipTrainConfig, launch_clip_training
-    from vlctl.train.loop import LoopConfig
+    from vlctl.train.clip import launch_clip_training
+    from vlctl.train.config import ClipTrainConfig, LoopConfig
 
     clip = ClipTrainConfig(model=cfg.model, temperature_lr=cfg.temperature_lr)
     loop = LoopConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,
