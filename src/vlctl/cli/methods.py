@@ -234,20 +234,24 @@ def fit_controlembed(args: argparse.Namespace) -> dict:
     spec = args.encoder or store.encoder_spec
     if not spec:
         raise VlctlError(f"{args.store}: the store records no encoder spec; pass --encoder SPEC")
-    fields = _read_labels(store, args.labels, args.image_column)  # before the encoder loads: a bad file fails fast
-    encoder = create(spec)
-    store.check_encoder(encoder.id)  # the class prompts must be embedded in the store's space
+    fields = _read_labels(store, args.labels, args.image_column)  # before the encoder loads: bad labels fail fast
     found = sorted({k for f in fields for k, v in f.items() if isinstance(v, (str, int))})
+    if not found:
+        raise VlctlError(f"{args.labels}: no attribute column besides the image column" if args.labels else
+                         f"{args.store}: its rows carry no attribute labels; give --labels FILE (an image column and "
+                         "one column per attribute), or embed with --annotations")
     categories = args.categories or found
     unknown = [c for c in categories if c not in found]
-    if unknown or not categories:
-        raise VlctlError(f"{args.labels or args.store}: no labels for attribute(s) {unknown or categories}; the "
-                         f"labelled attributes are {found}")
+    if unknown:
+        raise VlctlError(f"{args.labels or args.store}: no labels for attribute(s) {', '.join(unknown)}; the "
+                         f"labelled attributes are {', '.join(found)}")
     keep = np.array([all(c in f for c in categories) for f in fields])
     if keep.sum() < 4:
         raise VlctlError(f"{args.labels or args.store}: only {int(keep.sum())} images are labelled in every "
-                         f"attribute of {categories}; ControlEmbed needs at least two images per subclass")
+                         f"attribute of {', '.join(categories)}; ControlEmbed needs at least two images per subclass")
     labels = {c: [str(f[c]) for f, k in zip(fields, keep) if k] for c in categories}
+    encoder = create(spec)
+    store.check_encoder(encoder.id)  # the class prompts must be embedded in the store's space
     shapes = str(store.info.get("data_id", "")).startswith("shapes-")  # the shapes set's own phrasing
 
     def phrase(category: str, value: str) -> str:

@@ -102,19 +102,17 @@ def epoch_order(n_samples: int, seed: int, epoch: int) -> np.ndarray:
 def steps_per_epoch(n_samples: int, cfg: LoopConfig, world_size: int = 1) -> int:
     """Optimizer steps in one epoch; VlctlError if the batches cannot be split over the ranks."""
     if cfg.batch_size < 1 or cfg.batch_size % world_size:
-        raise VlctlError(f"batch_size {cfg.batch_size} must be a positive multiple of the world size {world_size}")
+        raise VlctlError(f"the batch size {cfg.batch_size} must be a positive multiple of the world size {world_size}")
     full, rest = divmod(n_samples, cfg.batch_size)
     steps = full if cfg.drop_last or rest == 0 else full + 1
+    # The messages say the fields in words, for the Python API and the command line alike.
     if steps == 0:
-        raise VlctlError(
-            f"n_samples {n_samples} gives no batch of batch_size {cfg.batch_size} (drop_last={cfg.drop_last})"
-        )
+        raise VlctlError(f"{n_samples} samples make no full batch of {cfg.batch_size}, and the last incomplete batch "
+                         "is dropped (drop last): lower the batch size, or keep the last batch")
     if steps > full and rest % world_size:
         # Unequal shards would make "mean of local means" differ from the global mean.
-        raise VlctlError(
-            f"the last batch ({rest} samples) cannot be split evenly over {world_size} ranks; "
-            "use drop_last=True or another batch_size"
-        )
+        raise VlctlError(f"the last batch ({rest} samples) cannot be split evenly over {world_size} ranks; drop it "
+                         "(drop last) or choose another batch size")
     return steps
 
 
