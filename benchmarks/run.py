@@ -18,7 +18,8 @@ import torch
 
 
 def bench_mad(n: int, workers: int) -> dict:
-    from vlctl.data.mad import MadConfig, generate_mad
+    from vlctl.data.mad import generate_mad
+    from vlctl.data.mad_config import MadConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()

@@ -234,7 +234,8 @@ def main() -> None:
     clip_cfg = mad_clip.load_preset(True)
     clip = load_encoder(find_stage(args.stages, "train") / "model")
     split = mad_clip.split_key(clip_cfg, "train")
-    from vlctl.data.mad import MadConfig, captions
+    from vlctl.data.mad import captions
+    from vlctl.data.mad_config import MadConfig
 
     train_caps = captions(MadConfig(n=split["n"], seed=split["seed"], split="train"))
     fit_text = (clip.model.text, clip.tokenize(train_caps))

@@ -118,7 +118,8 @@ def test_stores_record_absolute_encoder_paths(tmp_path, monkeypatch):
 
 
 def test_an_images_npy_edited_in_place_no_longer_loads(tmp_path, capsys):
-    from vlctl.data.mad import MadConfig, generate_mad, load_mad
+    from vlctl.data.mad import generate_mad, load_mad
+    from vlctl.data.mad_config import MadConfig
 
     d = generate_mad(MadConfig(n=8, workers=1), tmp_path / "mad")
     images = np.load(d / "images.npy", mmap_mode="r+")

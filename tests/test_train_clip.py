@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from vlctl.config import config_to_dict
-from vlctl.data.mad import MadConfig, generate_mad, load_mad, mad_dataset_id
+from vlctl.data.mad import generate_mad, load_mad, mad_dataset_id
+from vlctl.data.mad_config import MadConfig
 from vlctl.encoders import tiny_model, tiny_pretrained
 from vlctl.encoders.loss import clip_loss
 from vlctl.encoders.tiny_config import MAD_VALUES

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from vlctl.config import config_from_dict, config_to_dict, opt
-from vlctl.data.mad import CATEGORIES, VALUES, MadConfig, captions, generate_mad, load_mad, prompt_captions
+from vlctl.data.mad import CATEGORIES, VALUES, captions, generate_mad, load_mad, prompt_captions
+from vlctl.data.mad_config import MadConfig
 from vlctl.eval import metrics
 from vlctl.eval.metrics import caption_relevance
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
