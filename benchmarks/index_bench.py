@@ -146,7 +146,8 @@ def extract_bench(n_images: int, batch_size: int, workers: int, model: str, work
     import torch
     from PIL import Image
 
-    from vlctl.embeddings.extract import ExtractConfig, embed_image_files
+    from vlctl.embeddings.extract import embed_image_files
+    from vlctl.embeddings.extract_config import ExtractConfig
     from vlctl.encoders.factory import create
 
     rng = np.random.default_rng(0)

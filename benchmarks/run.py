@@ -18,7 +18,8 @@ import torch
 
 
 def bench_mad(n: int, workers: int) -> dict:
-    from vlctl.data.mad import MadConfig, generate_mad
+    from vlctl.data.mad import generate_mad
+    from vlctl.data.mad_config import MadConfig
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -66,8 +67,10 @@ def bench_recall(n_images: int = 5000, per_image: int = 5, d: int = 64) -> dict:
 def _random_tevi(n_images: int, n_texts: int, d: int, d1: int, k: int, per_image: int = 1, seed: int = 0):
     """Random-weight TopK SAE + mask MLP over synthetic embeddings; caption j is a noisy copy of
     image j // per_image, so CLIP-style recall is meaningful."""
-    from vlctl.methods.sae.model import TopKSAE, TopKSAEConfig
-    from vlctl.methods.tevi.estimator import TeviConfig, TeviMask
+    from vlctl.methods.sae.config import TopKSAEConfig
+    from vlctl.methods.sae.model import TopKSAE
+    from vlctl.methods.tevi.config import TeviConfig
+    from vlctl.methods.tevi.estimator import TeviMask
 
     g = torch.Generator().manual_seed(seed)
     img = torch.nn.functional.normalize(torch.randn(n_images, d, generator=g), dim=1)
@@ -157,8 +160,10 @@ def bench_tevi_gallery_rerank(n: int = 100_000, d: int = 512, d1: int = 16384, k
     """One text query at a time against an n x d flat gallery, TEVI rerank of the top 100
     (random SAE/mask weights): per-query latency, search + rerank."""
     from vlctl.embeddings.store import create_gallery
-    from vlctl.methods.sae.model import SparseAutoencoder, TopKSAE, TopKSAEConfig
-    from vlctl.methods.tevi.estimator import TEVI, TeviConfig, TeviMask
+    from vlctl.methods.sae.config import TopKSAEConfig
+    from vlctl.methods.sae.model import SparseAutoencoder, TopKSAE
+    from vlctl.methods.tevi.config import TeviConfig
+    from vlctl.methods.tevi.estimator import TEVI, TeviMask
 
     g = torch.Generator().manual_seed(0)
     gallery_emb = torch.nn.functional.normalize(torch.randn(n, d, generator=g), dim=1).numpy()

@@ -49,7 +49,8 @@ from vlctl.encoders.loss import clip_loss
 from vlctl.eval.editing import conditioning_accuracy, leakage_accuracy
 from vlctl.io import atomic_save_npz, atomic_write_json
 from vlctl.methods.sae.model import SparseAutoencoder
-from vlctl.methods.tevi.estimator import TEVI, TeviConfig, TeviMask, edit
+from vlctl.methods.tevi.config import TeviConfig
+from vlctl.methods.tevi.estimator import TEVI, TeviMask, edit
 from vlctl.methods.tevi.scoring import conditioned_scores
 from vlctl.recipes.runner import find_stage
 from vlctl.recipes.tevi import mad as recipe
@@ -233,7 +234,8 @@ def main() -> None:
     clip_cfg = mad_clip.load_preset(True)
     clip = load_encoder(find_stage(args.stages, "train") / "model")
     split = mad_clip.split_key(clip_cfg, "train")
-    from vlctl.data.mad import MadConfig, captions
+    from vlctl.data.mad import captions
+    from vlctl.data.mad_config import MadConfig
 
     train_caps = captions(MadConfig(n=split["n"], seed=split["seed"], split="train"))
     fit_text = (clip.model.text, clip.tokenize(train_caps))

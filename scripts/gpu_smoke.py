@@ -74,7 +74,8 @@ def _jpegs(folder: Path, n: int, side: int = 256) -> list[Path]:
 
 
 def embedding(args, device: torch.device) -> tuple[dict, object]:
-    from vlctl.embeddings.extract import ExtractConfig, embed_image_files
+    from vlctl.embeddings.extract import embed_image_files
+    from vlctl.embeddings.extract_config import ExtractConfig
     from vlctl.encoders.factory import create
 
     enc = create(f"open_clip:{args.model}", device=str(device), precision=args.precision,
@@ -138,7 +139,8 @@ def lora(args, enc, device: torch.device) -> dict:
     from vlctl.encoders.open_clip_encoder import autocast_for
     from vlctl.methods.threevl.lora import add_lora_peft, lora_parameters
     from vlctl.methods.threevl.tree_tune import contrastive_loss, negclip_loss, tree_loss
-    from vlctl.train.loop import LoopConfig, train
+    from vlctl.train.config import LoopConfig
+    from vlctl.train.loop import train
 
     captions = ["a man riding a red bike down a busy street", "two dogs playing with a ball on the grass",
                 "a plate of food with broccoli and rice", "a woman holding an umbrella in the rain"]

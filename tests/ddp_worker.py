@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from vlctl.encoders.loss import all_gather_with_grad
+from vlctl.train.config import LoopConfig
 from vlctl.train.distributed import destroy_distributed
-from vlctl.train.loop import LoopConfig, sample_rng, seed_everything, train
+from vlctl.train.loop import sample_rng, seed_everything, train
 
 KINDS = ("contrastive", "mse")
 N, DIM = 64, 8

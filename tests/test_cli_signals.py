@@ -57,11 +57,45 @@ def test_ctrl_c_in_embed_says_nothing_was_added(store, tmp_path, monkeypatch, ca
     for i in range(3):
         Image.new("RGB", (20, 20), (i * 80, 0, 0)).save(photos / f"{i}.png")
     _interrupt(monkeypatch, "vlctl.embeddings.build.embed_image_files")
-    argv = ["embed", str(photos), "--encoder", "open_clip:ViT-S-32", "--out", str(tmp_path / "new")]
+    argv = ["embed", str(photos), "--encoder", "open_clip:ViT-S-32?seed=0", "--out", str(tmp_path / "new")]
     assert main(argv) == 130
     err = capsys.readouterr().err
     assert err == f"vlctl: interrupted; nothing was written ({tmp_path / 'new'} was not created): the same command " \
                   "starts afresh\n" and not (tmp_path / "new").exists()
+
+
+def test_ctrl_c_in_embed_keeps_the_committed_batches(tmp_path, monkeypatch, capsys):
+    """Issue 43: Ctrl-C during `embed` kept nothing, and the rerun started from zero. It commits
+    every --commit-every new images: here the second batch is interrupted, the first one's 2 rows
+    are kept and said, and the same command embeds the rest only."""
+    from PIL import Image
+
+    from vlctl.embeddings import build
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(3):
+        Image.new("RGB", (20, 20), (i * 80, 0, 0)).save(photos / f"{i}.png")
+    real, calls = build.embed_image_files, []
+
+    def second_batch_interrupted(*a, **k):
+        calls.append(len(a[1]))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(build, "embed_image_files", second_batch_interrupted)
+    out = tmp_path / "new"
+    argv = ["embed", str(photos), "--encoder", "open_clip:vlctl-tiny-vit?seed=0", "--out", str(out), "--no-progress",
+            "--commit-every", "2"]
+    assert main(argv) == 130 and calls == [2, 1]
+    assert capsys.readouterr().err == (f"vlctl: interrupted; {out} keeps the 2 rows this run committed (2 in all): "
+                                       "the same command adds the rest\n")
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["added"], report["already_present"], report["count"]) == (1, 2, 3) and calls == [2, 1, 1]
+    assert main(argv) == 0  # nothing new: no batch to embed
+    assert calls == [2, 1, 1]
 
 
 def test_ctrl_c_in_a_fit_says_nothing_was_written(store, tmp_path, monkeypatch, capsys):

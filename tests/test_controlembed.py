@@ -9,10 +9,10 @@ import torch
 
 from vlctl.eval.metrics import mean_average_precision
 from vlctl.fsops import VlctlError
+from vlctl.methods.controlembed.config import ControlEmbedConfig
 from vlctl.methods.controlembed.estimator import (
     AffineHyperNet,
     ControlEmbed,
-    ControlEmbedConfig,
     UntrainedAttributeWarning,
     kmeans_labels,
     normalize_rows,
@@ -225,6 +225,32 @@ def test_k_larger_than_gallery_is_refused(fitted):
         model.search(x[:1], x[:10], "color", k=11)
 
 
+def test_min_images_per_subclass_drops_the_small_subclasses():
+    """Issue 43: one subclass with a single image blocked the whole fit. min_images_per_subclass
+    drops it, with a warning naming it: the fit is the one where its image has no label, with the
+    subclass's row of class_text_emb left out."""
+    x, labels = toy_space(n=60)
+    lonely = labels["color"].copy()
+    lonely[0] = 9
+    text = np.random.default_rng(1).normal(size=(6, 16)).astype(np.float32)  # rows: subclasses 0-4, 9
+    est = ControlEmbed(steps=3, hidden=8, images_per_subclass=2, min_images_per_subclass=2)
+    with pytest.warns(UserWarning, match=r"labels\['color'\]: dropped 1 of 6 subclasses, those with fewer than 2 "
+                      r"images \(their count in brackets\): 9 \(1\); their images sit out this category"):
+        est.fit(x, {"color": lonely}, encoder_id="t", category_emb=COND, class_text_emb={"color": text})
+    unlabelled = lonely.astype(object)
+    unlabelled[0] = None
+    ref = ControlEmbed(steps=3, hidden=8, images_per_subclass=2).fit(
+        x, {"color": unlabelled}, encoder_id="t", category_emb=COND, class_text_emb={"color": text[:5]})
+    assert est.subclasses_ == ref.subclasses_ == {"color": [0, 1, 2, 3, 4]}
+    np.testing.assert_array_equal(est.class_text_emb_["color"], ref.class_text_emb_["color"])
+    for a, b in zip(est.hypernet_.state_dict().values(), ref.hypernet_.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(VlctlError, match=r"labels\['color'\]: 0 of 6 subclasses have at least 15 images \(\[\]\), "
+                       r"and a category needs 2"), pytest.warns(UserWarning, match="dropped 6 of 6"):
+        ControlEmbed(steps=3, min_images_per_subclass=15).fit(x, {"color": lonely}, encoder_id="t",
+                                                              category_emb=COND)
+
+
 def test_bad_labels_are_refused():
     x, labels = toy_space(n=60)
     est = ControlEmbed(steps=2)
@@ -233,6 +259,8 @@ def test_bad_labels_are_refused():
     lonely = labels["color"].copy()
     lonely[0] = 9
     with pytest.raises(VlctlError, match=r"labels\['color'\]: subclass 9 has a single image"):
+        est.fit(x, {"color": lonely}, encoder_id="t", category_emb=COND)
+    with pytest.raises(VlctlError, match=r"--min-images-per-subclass 2, drops such subclasses"):
         est.fit(x, {"color": lonely}, encoder_id="t", category_emb=COND)
     with pytest.raises(VlctlError, match=r"labels\['color'\]: expected shape \(60,\)"):
         est.fit(x, {"color": labels["color"][:50]}, encoder_id="t", category_emb=COND)

@@ -140,3 +140,37 @@ def test_named_random_weights_log_no_warning(caplog):
     assert "random-seed0" in enc.id
     assert not [r for r in caplog.records if "pretrained" in r.getMessage()]
     assert not logging.getLogger().filters  # the filter was removed again
+
+
+def test_an_open_clip_model_without_a_tag_says_its_weights_are_random(tmp_path):
+    """Issue 43: nothing said that `open_clip:ViT-S-32` without a tag is random weights. It is said in
+    one line, once in a process (here two embeds and a search); a spec that asks for random weights
+    by a seed is not told. In a fresh process, as the note is given once in one."""
+    import subprocess
+    import sys
+
+    _photos(tmp_path / "imgs", n=2)
+    arch = "vlctl-tiny-vit"  # the bundled config: the fresh process knows it
+    code = ("import sys\nfrom vlctl.cli import main\nimgs, out, spec = sys.argv[1:]\n"
+            "for o, s in (('a', spec), ('b', spec), ('c', spec + '?seed=0')):\n"
+            "    assert main(['embed', imgs, '--encoder', s, '--out', out + o, '--no-progress']) == 0\n"
+            "assert main(['search', out + 'a', '--text', 'a cat', '-k', '1']) == 0\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "imgs"), str(tmp_path / "s"), f"open_clip:{arch}"],
+                       capture_output=True, text=True, check=True)
+    note = (f"vlctl: warning: open_clip:{arch} names no pretrained tag: its weights are random (seed 0), and so are "
+            f"its embeddings; name a tag or a checkpoint file, or write open_clip:{arch}?seed=0 to ask for random weights")
+    assert [ln for ln in r.stderr.splitlines() if "warning" in ln] == [note]
+
+
+def test_annotated_images_not_on_disk_name_the_flag_that_skips_them(tmp_path, capsys):
+    """Issue 43: the message said "pass on_missing='skip' / --skip-missing", a Python keyword on the
+    command line. `embed` names its flag alone."""
+    names = _photos(tmp_path / "imgs", n=2)
+    (tmp_path / "ann.csv").write_text(f"filepath,caption\n{names[0]},a red square\ngone.jpg,a lost one\n")
+    argv = ["embed", str(tmp_path / "imgs"), "--annotations", str(tmp_path / "ann.csv"), "--encoder", f"{SPEC}?seed=0",
+            "--out", str(tmp_path / "s"), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"vlctl: error: {tmp_path / 'ann.csv'}: 1 of the 2 images it names are not in ")
+    assert err.endswith("): gone.jpg; the image column is 'filepath' (--skip-missing drops them)"), err
+    assert main([*argv, "--skip-missing"]) == 0

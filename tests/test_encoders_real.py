@@ -384,7 +384,7 @@ def test_bf16_autocast_close_to_fp32(oc_vit):
 
 def test_open_clip_gallery_from_image_files(oc_vit, tmp_path):
     from vlctl.embeddings.build import index_images
-    from vlctl.embeddings.extract import ExtractConfig
+    from vlctl.embeddings.extract_config import ExtractConfig
     from vlctl.embeddings.store import open_gallery
 
     paths = []

@@ -18,7 +18,8 @@ from vlctl.cli import methods as cli
 from vlctl.encoders import tiny_config, tiny_model
 from vlctl.fsops import VlctlError
 from vlctl.methods.base import Estimator, UnknownParameterError, embedding_set
-from vlctl.methods.controlembed.estimator import AffineHyperNet, ControlEmbed, ControlEmbedConfig
+from vlctl.methods.controlembed.config import ControlEmbedConfig
+from vlctl.methods.controlembed.estimator import AffineHyperNet, ControlEmbed
 from vlctl.methods.sae.model import SparseAutoencoder
 from vlctl.methods.tevi.estimator import TEVI
 from vlctl.methods.threevl.tree_tune import TreeTuner
@@ -153,7 +154,8 @@ def test_load_refuses_another_encoder(fitted, name, tmp_path):
 
 def test_load_refuses_another_class_and_version(fitted, tmp_path):
     path = fitted["controlembed"][0].save(tmp_path / "ce")
-    with pytest.raises(VlctlError, match="holds a saved ControlEmbed, not a SparseAutoencoder"):
+    with pytest.raises(VlctlError, match=r"holds a saved ControlEmbed \(made by `vlctl fit controlembed`\), not a "
+                       r"SparseAutoencoder \(made by `vlctl fit sae`\)$"):  # issue 43: it said ControlEmbed.load
         SparseAutoencoder.load(path)
     doc = json.loads((path / CONFIG_FILE).read_text())
     (path / CONFIG_FILE).write_text(json.dumps({**doc, "version": 99}))

@@ -170,6 +170,7 @@ def test_cli_missing_images_are_named(karpathy, tmp_path, capsys):
                str(root / "imgs"), "--annotations", str(tmp_path / "a.json")])
     err = capsys.readouterr().err
     assert rc == 2 and "1 of 5 image files not found under" in err and "val2014/COCO_val2014_gone.jpg" in err
+    assert "skip" not in err  # issue 43: it said "pass on_missing='skip' / --skip-missing", neither of which it has
     assert str((root / "imgs").resolve()) in err
     # An image that exists but cannot be decoded: a benchmark cannot skip it.
     broken = tmp_path / "imgs" / "x.jpg"

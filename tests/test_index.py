@@ -268,7 +268,8 @@ def _png_claiming_size(path, width: int, height: int) -> None:
 
 
 def test_embed_image_files_skips_bad_images(tmp_path):
-    from vlctl.embeddings.extract import ExtractConfig, embed_image_files
+    from vlctl.embeddings.extract import embed_image_files
+    from vlctl.embeddings.extract_config import ExtractConfig
     from vlctl.images import ImageDecodeError, read_image
 
     enc = TinyCLIPEncoder(create_model("mad-quick", seed=0))

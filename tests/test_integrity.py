@@ -27,7 +27,8 @@ from vlctl.cli import main
 from vlctl.embeddings.store import create_store, open_or_create_store, open_store
 from vlctl.fsops import VlctlError
 from vlctl.io import FAST_BLOCK, FAST_BLOCKS, FAST_FULL
-from vlctl.train.loop import LoopConfig, train, verify_checkpoint
+from vlctl.train.config import LoopConfig
+from vlctl.train.loop import train, verify_checkpoint
 
 
 def _cli(argv, capsys) -> tuple[int, str, str]:
@@ -117,7 +118,8 @@ def test_stores_record_absolute_encoder_paths(tmp_path, monkeypatch):
 
 
 def test_an_images_npy_edited_in_place_no_longer_loads(tmp_path, capsys):
-    from vlctl.data.mad import MadConfig, generate_mad, load_mad
+    from vlctl.data.mad import generate_mad, load_mad
+    from vlctl.data.mad_config import MadConfig
 
     d = generate_mad(MadConfig(n=8, workers=1), tmp_path / "mad")
     images = np.load(d / "images.npy", mmap_mode="r+")

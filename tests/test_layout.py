@@ -44,7 +44,7 @@ LONG_MODULES: dict[str, str] = {}
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("vlctl.fsops", "vlctl.io", "vlctl.config", "vlctl.images", "vlctl.artifacts", "vlctl.progress",
      "vlctl.threads"),  # L0
-    ("vlctl.train.distributed", "vlctl.train.loop"),  # L1
+    ("vlctl.train.distributed", "vlctl.train.loop", "vlctl.train.config"),  # L1
     ("vlctl.data",),  # L2
     ("vlctl.captions",),  # L3: the caption language (no model, no torch)
     ("vlctl.encoders",),  # L4

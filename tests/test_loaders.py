@@ -178,7 +178,7 @@ def test_image_folder_with_attributes(tmp_path):
     )
     with pytest.raises(VlctlError, match=r"labels.jsonl: 1 of the 2 images it names are not in .*photos \(its "
                        r"paths are relative to that folder: 'c/gone.jpg' was looked for at .*photos/c/gone.jpg\): "
-                       r"c/gone.jpg\. Pass --skip-missing"):
+                       r"c/gone.jpg; the image column is 'image'$"):
         load_image_folder(root, jsonl)
     data = load_image_folder(root, jsonl, on_missing="skip")
     assert data.missing == ["c/gone.jpg"] and data.captions == ["x", "y"] and data.image_fields[0] == {"size": 3}

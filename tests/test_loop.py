@@ -13,15 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from vlctl.fsops import VlctlError
-from vlctl.train.loop import (
-    LoopConfig,
-    default_param_groups,
-    lr_multiplier,
-    sample_rng,
-    seed_everything,
-    steps_per_epoch,
-    train,
-)
+from vlctl.train.config import LoopConfig
+from vlctl.train.loop import default_param_groups, lr_multiplier, sample_rng, seed_everything, steps_per_epoch, train
 
 N, DIM = 50, 6
 X = torch.randn(N, DIM, generator=torch.Generator().manual_seed(0))
@@ -265,9 +258,12 @@ def test_diverging_loss_stops_training(tmp_path):
 def test_batches_must_split_evenly_over_ranks():
     assert steps_per_epoch(50, CFG) == 6
     assert steps_per_epoch(50, dataclasses.replace(CFG, drop_last=False)) == 7
-    with pytest.raises(VlctlError, match="world size 3"):
+    # Issue 43: the messages said drop_last=True and batch_size; they say the fields in words.
+    with pytest.raises(VlctlError, match="^the batch size 8 must be a positive multiple of the world size 3$"):
         steps_per_epoch(48, CFG, world_size=3)
-    with pytest.raises(VlctlError, match="last batch"):  # 50 = 6*8 + 2 ... 2 samples over 4 ranks
+    with pytest.raises(VlctlError, match=r"^the last batch \(2 samples\) cannot be split evenly over 4 ranks; drop it "
+                       r"\(drop last\) or choose another batch size$"):  # 50 = 6*8 + 2 ... 2 samples over 4 ranks
         steps_per_epoch(50, dataclasses.replace(CFG, drop_last=False), world_size=4)
-    with pytest.raises(VlctlError, match="no batch"):
+    with pytest.raises(VlctlError, match=r"^5 samples make no full batch of 8, and the last incomplete batch is dropped "
+                       r"\(drop last\): lower the batch size, or keep the last batch$"):
         steps_per_epoch(5, CFG)

@@ -9,7 +9,8 @@ from scipy import ndimage
 
 from vlctl.config import add_config_args, config_from_args
 from vlctl.data import mad
-from vlctl.data.mad import CATEGORIES, VALUES, MadConfig, generate_mad, load_mad, mad_dataset_id
+from vlctl.data.mad import CATEGORIES, VALUES, generate_mad, load_mad, mad_dataset_id
+from vlctl.data.mad_config import MadConfig
 from vlctl.fsops import VlctlError
 
 CATEGORY_OF = {v: c for c, vals in VALUES.items() for v in vals}

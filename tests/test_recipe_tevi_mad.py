@@ -210,7 +210,8 @@ def test_paper_configuration_runs_and_its_word_figures_recompute(tiny_run):
     # fine-tuned beside the mask; zero-shot read with the bare value words too.
     import dataclasses
 
-    from vlctl.data.mad import CATEGORIES, MadConfig, captions, load_mad
+    from vlctl.data.mad import CATEGORIES, captions, load_mad
+    from vlctl.data.mad_config import MadConfig
     from vlctl.encoders.factory import load_encoder
     from vlctl.recipes.runner import find_stage
 

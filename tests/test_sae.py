@@ -8,13 +8,8 @@ import pytest
 import torch
 
 from vlctl.fsops import VlctlError
-from vlctl.methods.sae.model import (
-    SparseAutoencoder,
-    TopKSAE,
-    TopKSAEConfig,
-    fraction_variance_unexplained,
-    geometric_median,
-)
+from vlctl.methods.sae.config import TopKSAEConfig
+from vlctl.methods.sae.model import SparseAutoencoder, TopKSAE, fraction_variance_unexplained, geometric_median
 
 D, N_DIRS = 16, 8
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vlctl.methods.sae.config import TopKSAEConfig
 from vlctl.methods.sae.kernels import picked_encode, sparse_decode
-from vlctl.methods.sae.model import SAEOutput, SparseAutoencoder, TopKSAE, TopKSAEConfig, _normalised_mse
+from vlctl.methods.sae.model import SAEOutput, SparseAutoencoder, TopKSAE, _normalised_mse
 
 
 def _topk_relu(pre, k):

@@ -155,7 +155,8 @@ def test_the_shipped_mad_train_embeddings_and_values_are_what_the_shipped_clip_c
     rendering and embedding 30,000 images: recompute the first 32 and compare."""
     import numpy as np
 
-    from vlctl.data.mad import MadConfig, load_glyphs, make_range
+    from vlctl.data.mad import load_glyphs, make_range
+    from vlctl.data.mad_config import MadConfig
     from vlctl.embeddings.cache import embed
     from vlctl.encoders.factory import load_encoder
     from vlctl.recipes.tevi import mad_clip

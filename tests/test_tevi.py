@@ -18,7 +18,8 @@ from vlctl.eval.editing import (
 )
 from vlctl.fsops import VlctlError
 from vlctl.methods.sae.model import SparseAutoencoder
-from vlctl.methods.tevi.estimator import TEVI, TeviConfig, TeviMask, _TeviTrainer, edit, warmup_steps, with_partners
+from vlctl.methods.tevi.config import TeviConfig
+from vlctl.methods.tevi.estimator import TEVI, TeviMask, _TeviTrainer, edit, warmup_steps, with_partners
 
 D, S = 12, 6  # embedding dim, concepts
 
@@ -304,7 +305,7 @@ def test_paper_mask_is_three_relu_layers_and_a_plain_sigmoid():
 
 
 def test_warmup_epochs_are_that_many_epochs_of_steps(world):
-    from vlctl.train.loop import LoopConfig
+    from vlctl.train.config import LoopConfig
 
     cfg = TeviConfig(warmup_epochs=5, warmup_steps=3)
     assert warmup_steps(cfg, 1000, LoopConfig(batch_size=256)) == 3 + 5 * 3  # 3 full batches of 256 an epoch (drop_last)

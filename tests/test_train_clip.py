@@ -21,15 +21,17 @@ import torch
 from torch import nn
 
 from vlctl.config import config_to_dict
-from vlctl.data.mad import MadConfig, generate_mad, load_mad, mad_dataset_id
+from vlctl.data.mad import generate_mad, load_mad, mad_dataset_id
+from vlctl.data.mad_config import MadConfig
 from vlctl.encoders import tiny_model, tiny_pretrained
 from vlctl.encoders.loss import clip_loss
 from vlctl.encoders.tiny_config import MAD_VALUES
 from vlctl.fsops import VlctlError
 from vlctl.io import atomic_write_json
 from vlctl.methods.threevl.tree_tune import _image_embedding, patch_keep, pretrain_clip, trim_padding
-from vlctl.train.clip import ClipTrainConfig, train_clip
-from vlctl.train.loop import LoopConfig, TrainResult, default_param_groups, sample_rng, train
+from vlctl.train.clip import train_clip
+from vlctl.train.config import ClipTrainConfig, LoopConfig
+from vlctl.train.loop import TrainResult, default_param_groups, sample_rng, train
 
 TINY = {
     "name": "tiny-test", "image_size": 28, "stem_channels": [4], "patch_size": 2, "vision_width": 16,

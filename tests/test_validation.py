@@ -163,7 +163,7 @@ def test_flags_refuse_out_of_range_values_while_parsing(capsys):
 
 
 def test_config_from_dict_refuses_wrong_types_and_ranges_naming_the_file(tmp_path):
-    from vlctl.train.loop import LoopConfig
+    from vlctl.train.config import LoopConfig
 
     for doc, want in [({"lr": -1}, "LoopConfig.lr: must be > 0, got -1"), ({"epochs": "3"}, "epochs: must be an integer"),
                       ({"betas": [0.9]}, "betas: must have exactly 2 values"), ({"min_lr_ratio": 2}, "<= 1"),

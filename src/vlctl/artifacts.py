@@ -106,8 +106,12 @@ def read_document(cls: type, path: str | Path, encoder_id: str | None = None) ->
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise VlctlError(f"{cfg_path}: not a saved vlctl estimator (format {doc.get('format') if isinstance(doc, dict) else None!r})")
     if doc.get("class") != name:
-        raise VlctlError(f"{cfg_path}: holds a saved {doc.get('class')}, not a {name}; load it with "
-                         f"{doc.get('class')}.load")
+        other = doc.get("class")
+
+        def made(cls: str) -> str:
+            return f" (made by `{REFIT[cls]}`)" if cls in REFIT else ""
+
+        raise VlctlError(f"{cfg_path}: holds a saved {other}{made(other)}, not a {name}{made(name)}")
     if doc.get("version") != cls.ARTIFACT_VERSION:
         raise VlctlError(f"{cfg_path}: {name} format version {doc.get('version')!r}, this vlctl reads version "
                          f"{cls.ARTIFACT_VERSION}; refit with `{refit}` (or use the vlctl that wrote it)")

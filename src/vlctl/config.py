@@ -345,13 +345,29 @@ def config_from_args(cls: type[T], args: argparse.Namespace, base: T | None = No
     its range, the error naming its flag."""
     base = base if base is not None else cls()
     hints = typing.get_type_hints(cls)
-    changes = {}
+    changes, flags = {}, {}
     for f in dataclasses.fields(cls):
+        flags[f.name] = "--" + (prefix + f.name).replace("_", "-")
         v = getattr(args, prefix + f.name, None)
         if v is not None:
-            flag = "--" + (prefix + f.name).replace("_", "-")
-            changes[f.name] = check_value(flag, hints[f.name], f.metadata, tuple(v) if isinstance(v, list) else v)
-    return dataclasses.replace(base, **changes)
+            changes[f.name] = check_value(flags[f.name], hints[f.name], f.metadata,
+                                          tuple(v) if isinstance(v, list) else v)
+    try:
+        return dataclasses.replace(base, **changes)
+    except VlctlError as e:  # a check across fields (__post_init__), in the config's terms
+        flags = {k: v for k, v in flags.items() if hasattr(args, prefix + k)}  # the fields that are flags
+        raise VlctlError(in_flag_terms(str(e), cls.__name__, flags)) from None
+
+
+def in_flag_terms(message: str, owner: str, flags: dict[str, str]) -> str:
+    """A config's error `message` in the terms of the command line: "k=100 must be in [1,
+    d_latent=10]" -> "--k 100 must be in [1, --d-latent 10]", "TreeTuneConfig.alpha: ..." ->
+    "--alpha: ...". `flags`: {field: flag} of the fields that are flags; `owner`: the config's name."""
+    if not flags:
+        return message
+    names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
+    message = re.sub(rf"\b(?:{re.escape(owner)}\.)?({names})=", lambda m: flags[m.group(1)] + " ", message)
+    return re.sub(rf"(?:\b{re.escape(owner)}\.|^)({names})\b", lambda m: flags[m.group(1)], message)
 
 
 def check_config_args(args: argparse.Namespace) -> None:

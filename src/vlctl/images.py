@@ -9,6 +9,10 @@ same way everywhere:
   16-bit, value x 257, comes back exactly); 32-bit integer images are read the same way (values
   outside 0..65535 clipped); float images from [0, 1] when all values lie in it, otherwise from
   their own minimum..maximum. PIL's own conversion would clip them, so a 16-bit photo came out white.
+- An embedded ICC profile other than sRGB's (a wide-gamut camera JPEG, a CMYK press profile, a
+  gray one) is converted to sRGB with littleCMS (`PIL.ImageCms`), as a browser shows the file; an
+  sRGB profile leaves the pixels as stored, and so does a profile that does not fit the image
+  (a broken tag is no reason to lose the file).
 - CMYK, palette, grayscale and YCbCr images are converted to RGB; transparent pixels (an alpha
   channel, a transparent palette entry or colour) are composited on `BACKGROUND`, white.
 - Of an animated or multipage file (GIF, WebP, TIFF) the first frame is used, and
@@ -24,6 +28,8 @@ list such files (`vlctl.embeddings.extract.embed_image_files`); `--strict` makes
 from __future__ import annotations
 
 import dataclasses
+import functools
+import io
 import os
 import warnings
 from typing import IO, Any
@@ -36,6 +42,8 @@ DEFAULT_MAX_PIXELS = 89_478_485
 BACKGROUND = (255, 255, 255)
 # Modes whose samples are wider than 8 bits: PIL's convert("RGB") clips them instead of scaling.
 _WIDE_INT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+# Modes whose embedded ICC profile is converted to sRGB (littleCMS transforms 8-bit samples).
+_ICC_MODES = ("RGB", "RGBA", "CMYK", "L")
 
 
 class ImageDecodeError(VlctlError):
@@ -117,6 +125,7 @@ def to_rgb(im):
         im = ImageOps.exif_transpose(im)
     except Exception:  # noqa: BLE001, S110 -- malformed EXIF: the orientation is unknown, keep the pixels as stored
         pass
+    im = _to_srgb(im)
     if im.mode in _WIDE_INT_MODES or im.mode == "F":
         return Image.fromarray(_to_uint8(np.asarray(im))).convert("RGB")
     if im.mode == "RGB":
@@ -126,6 +135,30 @@ def to_rgb(im):
         canvas = Image.new("RGBA", rgba.size, (*BACKGROUND, 255))
         return Image.alpha_composite(canvas, rgba).convert("RGB")
     return im.convert("RGB")
+
+
+def _to_srgb(im):
+    """`im` converted from its embedded ICC profile to sRGB; `im` itself without a profile, with
+    sRGB's, or with one that does not fit its mode (module docstring)."""
+    icc = im.info.get("icc_profile")
+    if not icc or im.mode not in _ICC_MODES:
+        return im
+    from PIL import ImageCms
+
+    try:
+        profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        if "srgb" in ImageCms.getProfileDescription(profile).lower():
+            return im  # already sRGB: a transform would only add rounding
+        return ImageCms.profileToProfile(im, profile, _srgb(), outputMode="RGBA" if im.mode == "RGBA" else "RGB")
+    except (ImageCms.PyCMSError, OSError, ValueError, TypeError):
+        return im  # a profile littleCMS cannot read or apply to this mode: the pixels as stored
+
+
+@functools.lru_cache(maxsize=1)
+def _srgb():
+    from PIL import ImageCms
+
+    return ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
 
 
 def _to_uint8(a):

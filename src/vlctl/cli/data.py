@@ -16,14 +16,15 @@ def _out_arg(p: argparse.ArgumentParser) -> None:
 
 
 def data_mad_args(p: argparse.ArgumentParser) -> None:
-    from vlctl.data.mad import MadConfig
+    from vlctl.data.mad_config import MadConfig
 
     _out_arg(p)
     add_config_args(p, MadConfig)
 
 
 def data_mad(args: argparse.Namespace) -> dict:
-    from vlctl.data.mad import MadConfig, generate_mad
+    from vlctl.data.mad import generate_mad
+    from vlctl.data.mad_config import MadConfig
 
     return {"out": str(generate_mad(config_from_args(MadConfig, args), args.out))}
 

@@ -3,9 +3,9 @@
 Outputs are written whole or not at all (`vlctl.io` atomic files and directories), so an
 interrupted command leaves its --out as it was, except where it keeps work on purpose: `reproduce`
 keeps its finished stages, `train clip` and `fit tree` their last checkpoint (continued with
---resume). `embed` and `index` add their rows in one commit at the end of a run, so an interrupt
-adds none: FAISS's trained indexes (ivfpq) are trained on the first add's rows, and committing
-a run in pieces would train them on the first piece only.
+--resume), and `embed` and `index` the batches they committed (every --commit-every new images;
+once at the end with --strict and into a new ivfpq store, whose quantisers train on the first
+add's rows): the message says how many rows the run kept, and the same command adds the rest.
 """
 
 from __future__ import annotations
@@ -49,10 +49,15 @@ def interrupted_message(args: argparse.Namespace, before: tuple[str | None, int 
             return f"vlctl: interrupted; the last checkpoint ({ckpt}) is kept: the same command with --resume continues"
         return "vlctl: interrupted before the first checkpoint was written; nothing is kept: the same command starts afresh"
     if args.command in ("embed", "index") and out is not None:
-        if had is None:
+        if had is None and not Path(out).exists():
             return f"vlctl: interrupted; nothing was written ({out} was not created): the same command starts afresh"
-        return (f"vlctl: interrupted; {out} keeps the {had} rows it had, this run added none (a run adds its rows "
-                "at the end): the same command embeds them again")
+        now = _rows(out)
+        kept = now - (had or 0)
+        if kept > 0:
+            return (f"vlctl: interrupted; {out} keeps the {kept} rows this run committed ({now} in all): the same "
+                    "command adds the rest")
+        return (f"vlctl: interrupted; {out} keeps the {now} rows it had, this run committed none (it commits every "
+                "--commit-every new images): the same command embeds them again")
     if out is not None and had is None and not Path(out).exists():
         return f"vlctl: interrupted; nothing was written ({out} was not created)"
     return "vlctl: interrupted"

@@ -142,7 +142,7 @@ def score_tevi(args: argparse.Namespace) -> dict:
 
 def fit_sae_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import in_path, out_path, text_arg
-    from vlctl.methods.sae.model import SparseAutoencoder
+    from vlctl.methods.sae.config import SAE_DATA_FIELDS, TopKSAEConfig
 
     _store_arg(p, "the store whose image embeddings the SAE learns")
     p.add_argument("--out", required=True, type=out_path("dir"),
@@ -152,19 +152,19 @@ def fit_sae_args(p: argparse.ArgumentParser) -> None:
                    help="CG-SAE: text file, one concept per line; decoder rows fixed to their embeddings")
     p.add_argument("--encoder", type=text_arg("spec"),
                    help="the store's encoder spec (tiny:DIR, open_clip:..., hf:...; needed with --concepts)")
-    add_config_args(p, SparseAutoencoder.Config, exclude=(*SparseAutoencoder.DATA_FIELDS, "concepts_fixed"))
+    add_config_args(p, TopKSAEConfig, exclude=(*SAE_DATA_FIELDS, "concepts_fixed"))
 
 
 def fit_tevi_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import in_path, out_path
-    from vlctl.methods.tevi.estimator import TEVI
+    from vlctl.methods.tevi.config import TEVI_DATA_FIELDS, TeviConfig
 
     _store_arg(p, "a store with images and their captions")
     p.add_argument("--sae", required=True, type=in_path("SAE directory", "dir"),
                    help="SAE directory from `vlctl fit sae` (same encoder as the cache)")
     p.add_argument("--out", required=True, type=out_path("dir"), help="TEVI directory to write")
     add_output_args(p)
-    add_config_args(p, TEVI.Config, exclude=TEVI.DATA_FIELDS)
+    add_config_args(p, TeviConfig, exclude=TEVI_DATA_FIELDS)
 
 
 def score_tevi_args(p: argparse.ArgumentParser) -> None:
@@ -234,20 +234,24 @@ def fit_controlembed(args: argparse.Namespace) -> dict:
     spec = args.encoder or store.encoder_spec
     if not spec:
         raise VlctlError(f"{args.store}: the store records no encoder spec; pass --encoder SPEC")
-    fields = _read_labels(store, args.labels, args.image_column)  # before the encoder loads: a bad file fails fast
-    encoder = create(spec)
-    store.check_encoder(encoder.id)  # the class prompts must be embedded in the store's space
+    fields = _read_labels(store, args.labels, args.image_column)  # before the encoder loads: bad labels fail fast
     found = sorted({k for f in fields for k, v in f.items() if isinstance(v, (str, int))})
+    if not found:
+        raise VlctlError(f"{args.labels}: no attribute column besides the image column" if args.labels else
+                         f"{args.store}: its rows carry no attribute labels; give --labels FILE (an image column and "
+                         "one column per attribute), or embed with --annotations")
     categories = args.categories or found
     unknown = [c for c in categories if c not in found]
-    if unknown or not categories:
-        raise VlctlError(f"{args.labels or args.store}: no labels for attribute(s) {unknown or categories}; the "
-                         f"labelled attributes are {found}")
+    if unknown:
+        raise VlctlError(f"{args.labels or args.store}: no labels for attribute(s) {', '.join(unknown)}; the "
+                         f"labelled attributes are {', '.join(found)}")
     keep = np.array([all(c in f for c in categories) for f in fields])
     if keep.sum() < 4:
         raise VlctlError(f"{args.labels or args.store}: only {int(keep.sum())} images are labelled in every "
-                         f"attribute of {categories}; ControlEmbed needs at least two images per subclass")
+                         f"attribute of {', '.join(categories)}; ControlEmbed needs at least two images per subclass")
     labels = {c: [str(f[c]) for f, k in zip(fields, keep) if k] for c in categories}
+    encoder = create(spec)
+    store.check_encoder(encoder.id)  # the class prompts must be embedded in the store's space
     shapes = str(store.info.get("data_id", "")).startswith("shapes-")  # the shapes set's own phrasing
 
     def phrase(category: str, value: str) -> str:
@@ -268,8 +272,7 @@ def fit_controlembed(args: argparse.Namespace) -> dict:
 
 def fit_controlembed_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import TEMPLATE, in_path, out_path, text_arg
-    from vlctl.methods.controlembed.estimator import ControlEmbed
-    from vlctl.methods.controlembed.prompts import DEFAULT_TEMPLATES
+    from vlctl.methods.controlembed.config import CONTROLEMBED_DATA_FIELDS, DEFAULT_TEMPLATES, ControlEmbedConfig
 
     _store_arg(p, "the store of the images to learn the attributes from")
     p.add_argument("--out", required=True, type=out_path("dir"),
@@ -286,7 +289,7 @@ def fit_controlembed_args(p: argparse.ArgumentParser) -> None:
                    help="attributes to train on (default: every labelled one)")
     p.add_argument("--templates", nargs="+", default=list(DEFAULT_TEMPLATES), type=TEMPLATE,
                    help="prompt templates with {} for the subclass, averaged per subclass")
-    add_config_args(p, ControlEmbed.Config, exclude=ControlEmbed.DATA_FIELDS)
+    add_config_args(p, ControlEmbedConfig, exclude=CONTROLEMBED_DATA_FIELDS)
 
 
 def _open_cluster_source(path: str, data: str | None):
@@ -475,7 +478,7 @@ def fit_tree(args) -> dict:
 
 def fit_tree_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import in_path, out_path
-    from vlctl.methods.threevl.tree_tune import TreeTuner
+    from vlctl.methods.threevl.config import TreeTuneConfig
 
     p.add_argument("--encoder", required=True, type=in_path("TinyCLIP model directory", "dir"),
                    help="base TinyCLIP model directory (save_pretrained)")
@@ -487,4 +490,4 @@ def fit_tree_args(p: argparse.ArgumentParser) -> None:
                    help="output: adapters/ (adapter weights only) and model/ (merged TinyCLIP)")
     add_output_args(p)
     p.add_argument("--resume", action="store_true", help="continue OUT/run/checkpoint (config must match)")
-    add_config_args(p, TreeTuner.Config, exclude=TreeTuner.DATA_FIELDS)
+    add_config_args(p, TreeTuneConfig)

@@ -34,14 +34,18 @@ def _index_config(args: argparse.Namespace, default_kind: str):
 
 
 def _embed_into_store(args: argparse.Namespace, default_kind: str) -> dict:
+    from vlctl.data.loaders.common import MissingImagesError
     from vlctl.data.source import open_source
     from vlctl.embeddings.build import embed_source
-    from vlctl.embeddings.extract import ExtractConfig
+    from vlctl.embeddings.extract_config import ExtractConfig
     from vlctl.encoders.factory import create
     from vlctl.train.distributed import destroy_distributed, init_distributed
 
-    source = open_source(args.source, args.annotations, args.image_column, args.caption_column,
-                         on_missing="skip" if args.skip_missing else "error")
+    try:
+        source = open_source(args.source, args.annotations, args.image_column, args.caption_column,
+                             on_missing="skip" if args.skip_missing else "error")
+    except MissingImagesError as e:
+        raise VlctlError(f"{e} (--skip-missing drops them)") from None
     if not len(source):
         raise VlctlError(f"{args.source}: no images found (extensions: jpg, jpeg, png, webp, bmp, gif, tif)")
     extract = config_from_args(ExtractConfig, args)
@@ -193,7 +197,7 @@ def _spec_help() -> str:
 
 def _source_args(p: argparse.ArgumentParser, default_kind: str) -> None:
     from vlctl.cli.args import device_arg, in_path, out_path, source_arg, strict_arg, text_arg
-    from vlctl.embeddings.extract import ExtractConfig
+    from vlctl.embeddings.extract_config import ExtractConfig
     from vlctl.embeddings.search import IndexConfig
 
     spec_help = _spec_help()

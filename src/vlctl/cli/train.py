@@ -10,8 +10,7 @@ from vlctl.config import add_config_args, config_from_args
 
 def train_clip_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import in_path, out_path
-    from vlctl.train.clip import ClipTrainConfig
-    from vlctl.train.loop import LoopConfig
+    from vlctl.train.config import ClipTrainConfig, LoopConfig
 
     p.add_argument("--data", required=True, type=in_path("dataset directory", "dir"),
                    help="dataset directory (MAD format)")
@@ -23,10 +22,9 @@ def train_clip_args(p: argparse.ArgumentParser) -> None:
 
 
 def train_clip(args: argparse.Namespace) -> dict:
-    from vlctl.train.clip import ClipTrainConfig
     from vlctl.train.clip import train_clip as run
+    from vlctl.train.config import ClipTrainConfig, LoopConfig
     from vlctl.train.distributed import destroy_distributed
-    from vlctl.train.loop import LoopConfig
 
     result = run(args.data, args.out, cfg=config_from_args(ClipTrainConfig, args),
                  loop=config_from_args(LoopConfig, args), resume=args.resume)

@@ -17,19 +17,19 @@ On disk: images.npy (N, H, W, 3) uint8, labels.jsonl (one JSON object per image)
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gzip
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 from scipy import ndimage
 from skimage.morphology import reconstruction, skeletonize
 from skimage.transform import resize
 
-from vlctl.config import config_to_dict, opt, validate_config
+from vlctl.config import config_to_dict
 from vlctl.data.imageset import load_image_set, write_image_set
+from vlctl.data.mad_config import SPLITS, MadConfig
 from vlctl.data.shapes import check_label as check_shapes_label
 from vlctl.fsops import VlctlError
 from vlctl.io import read_json, sha256_json
@@ -47,7 +47,6 @@ COLORS = {
     "gray": (0.5, 0.5, 0.5), "red": (1, 0, 0), "green": (0, 1, 0), "blue": (0, 0, 1),
     "cyan": (0, 1, 1), "magenta": (1, 0, 1), "yellow": (1, 1, 0),
 }
-SPLITS = ("train", "test")
 FORMAT_VERSION = 1
 SCALE = 4  # Morpho-MNIST's upsampling factor: the morphology runs on a 4x finer binary canvas
 CANVAS = 28 * SCALE  # all lengths below are in 28 px units and multiplied by SCALE on the canvas
@@ -55,39 +54,6 @@ SKLEARN_TEST_FRACTION = 0.2  # of each digit's glyphs; fixed so train and test n
 DIGIT_SIZE = 20.0  # px at 28 px: the longer side of a (large) digit's bounding box, as in MNIST
 MNIST_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
                "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
-
-
-@dataclasses.dataclass(frozen=True)
-class MadConfig:
-    n: int = opt(10000, "number of images", ge=1, le=10**7)
-    seed: int = opt(0, "random seed (>= 0); image i depends only on (seed, split, i)", ge=0, le=2**32 - 1)
-    split: str = opt("train", "'train' or 'test': picks the (disjoint) pool of source glyphs", choices=SPLITS)
-    image_size: int = opt(28, "output image side in pixels", ge=8, le=1024)
-    # Optional[...], not `str | None`: config.add_config_args only understands typing.Union
-    mnist_dir: Optional[str] = opt(None, "directory with MNIST IDX files (.gz ok); default: scikit-learn's 8x8 digits")  # noqa: UP045
-    workers: int = opt(2, "worker processes (the output does not depend on it)", ge=1, le=256)
-    stroke_thickness: float = opt(2.5, "stroke thickness (px at 28 px) the thick 8x8 scikit-learn glyphs are redrawn with",
-                                  gt=0, le=100)
-    thicken_amount: float = opt(0.7, "thickening grows the measured stroke thickness by this fraction", gt=0, le=10)
-    thin_amount: float = opt(0.7, "thinning shrinks the measured stroke thickness by this fraction", gt=0, lt=1)
-    swell_strength: float = opt(3.0, "swelling: power of the radial warp (1 = none)", gt=0, le=100)
-    swell_radius: float = opt(7.0, "swelling: radius (px at 28 px, for a stroke 4 px thick; scales with sqrt(thickness))",
-                              gt=0, le=1000)
-    fracture_count: int = opt(3, "fracture: number of cuts", ge=1, le=100)
-    fracture_thickness: float = opt(1.5, "fracture: width of a cut (px at 28 px)", gt=0, le=100)
-    small_scale: float = opt(0.75, "'small' digits are rescaled by this factor", gt=0, lt=1)
-
-    def __post_init__(self):
-        if self.split not in SPLITS:
-            raise VlctlError(f"MadConfig.split: {self.split!r} is not one of {list(SPLITS)}")
-        for name in ("n", "image_size", "workers", "fracture_count"):
-            if getattr(self, name) < 1:
-                raise VlctlError(f"MadConfig.{name}: must be >= 1, got {getattr(self, name)}")
-        if self.seed < 0:
-            raise VlctlError(f"MadConfig.seed: must be >= 0, got {self.seed}")
-        if not (0 < self.thin_amount < 1 and 0 < self.small_scale < 1):
-            raise VlctlError("MadConfig.thin_amount and small_scale: must lie strictly between 0 and 1")
-        validate_config(self)  # then every field in its declared range (the opt() above)
 
 
 # --- stroke measurements ---------------------------------------------------------------------

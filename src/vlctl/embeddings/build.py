@@ -1,9 +1,13 @@
 """Building a store from a source: `embed_source` for any `ImageSource`, `index_images` for files.
 
 Adding is incremental: images the store already holds (by path, or by id for in-memory images)
-are skipped, so re-running `vlctl embed` on a folder that grew embeds only the new files.
+are skipped, so re-running `vlctl embed` on a folder that grew embeds only the new files. Files
+are committed `ExtractConfig.commit_every` new images at a time (`--commit-every`), so an
+interrupted run keeps its finished batches and the same command embeds only the rest; except with
+`strict` (which adds nothing when an image fails) and into an empty ivfpq store, whose quantisers
+train on the first add's rows and so get the whole run at once.
 
-A run holds the store's lock (`vlctl.io.locked`) from opening it to its commit: a second run into
+A run holds the store's lock (`vlctl.io.locked`) from opening it to its last commit: a second run into
 the same store waits for the first (saying so), then reads the store as the first left it and adds
 only what is still missing, so concurrent runs lose no row and add none twice. A first add that
 fails (a bad index config, an interrupt) leaves no empty store behind to fix its config.
@@ -21,7 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vlctl.embeddings.extract import ExtractConfig, embed_image_array, embed_image_files, embed_text_list
+from vlctl.embeddings.extract import embed_image_array, embed_image_files, embed_text_list
+from vlctl.embeddings.extract_config import ExtractConfig
 from vlctl.embeddings.search import IndexConfig
 from vlctl.embeddings.store import Store, discard_if_empty, open_or_create_store
 from vlctl.embeddings.table import MANIFEST
@@ -122,6 +127,7 @@ def index_images(
     (count), "failures" ([path, reason]), "notes" ([path, note]: the first of several frames
     used), "captions", "count", "seconds", "images_per_second"}. An unreadable image is skipped
     and listed in "failures"; with `strict`, it is an error instead and nothing is added.
+    `extract.commit_every` new images go into each commit (module docstring).
 
     Under torchrun (a process group initialised, e.g. by `vlctl.train.distributed.init_distributed`)
     every rank embeds every world_size-th new image; rank 0 alone writes the gallery, with the
@@ -161,13 +167,52 @@ def _index(encoder, paths, ids, out, metadata, index_config, extract, encoder_sp
                 out, encoder.id, int(encoder.embed_dim), index_config, encoder_spec=encoder_spec
             )
             present = {m.get("path") for m in gallery.metadata()} if len(gallery) else set()
-            state = {"todo": [i for i, p in enumerate(ids) if p not in present]}
+            todo = [i for i, p in enumerate(ids) if p not in present]
+            whole = strict or (gallery.config.kind == "ivfpq" and not len(gallery))  # one commit (docstring)
+            state = {"todo": todo, "batch": max(len(todo), 1) if whole else (extract or ExtractConfig()).commit_every}
         except VlctlError as e:
             state = {"error": str(e)}
     state = all_gather_object(state)[0]
     if "error" in state:
         raise VlctlError(state["error"])
     todo: list[int] = state["todo"]
+
+    added, failures, notes, seconds, n_captions = 0, [], [], 0.0, 0
+    for start in range(0, len(todo), state["batch"]):
+        part = _embed_part(encoder, paths, todo[start:start + state["batch"]], extract, progress, out, rank, world)
+        if rank != 0:
+            added, failures = added + len(part["rows"]), failures + part["failures"]
+            continue
+        failures, notes, seconds = failures + part["failures"], notes + part["notes"], seconds + part["seconds"]
+        if strict and failures:
+            _, reason = failures[0]
+            raise VlctlError(f"{reason} (--strict stops at an unreadable image: {len(failures)} of {len(todo)} "
+                             "were; nothing was added)")
+        gallery, n = _commit(gallery, encoder, part["rows"], part["embeddings"], ids, metadata, captions, extract,
+                             progress)
+        added, n_captions = added + len(part["rows"]), n_captions + n
+    if rank != 0:
+        return None, {"rank": rank, "embedded": added, "failed": len(failures)}
+    report = {
+        "added": added,
+        "already_present": len(paths) - len(todo),
+        "failed": len(failures),
+        "failures": [list(f) for f in failures],
+        "notes": [list(f) for f in notes],
+        "captions": n_captions,
+        "count": len(gallery),
+        "seconds": round(seconds, 3),
+        "images_per_second": round(added / seconds, 2) if seconds > 0 else None,
+        "world_size": world,
+    }
+    return gallery, report
+
+
+def _embed_part(encoder, paths, todo, extract, progress, out, rank, world) -> dict:
+    """Embed the images `todo` (indices into `paths`), each rank every world_size-th: on rank 0
+    {"rows", "embeddings", "failures", "notes", "seconds"} of them all, in the single-process order;
+    on the other ranks its own rows and failures."""
+    from vlctl.train.distributed import all_gather_object
 
     mine = todo[rank::world]
     result = embed_image_files(encoder, [paths[i] for i in mine], extract, progress=progress and rank == 0)
@@ -185,7 +230,7 @@ def _index(encoder, paths, ids, out, metadata, index_config, extract, encoder_sp
         parts = all_gather_object({"rows": rows, "failures": failures, "notes": notes, "file": str(part),
                                    "seconds": seconds})
         if rank != 0:
-            return None, {"rank": rank, "embedded": len(rows), "failed": len(failures)}
+            return {"rows": rows, "failures": failures}
         rows = [r for p in parts for r in p["rows"]]
         position = {str(p): i for i, p in enumerate(paths)}
         failures = sorted((f for p in parts for f in p["failures"]), key=lambda f: position[f[0]])
@@ -196,36 +241,24 @@ def _index(encoder, paths, ids, out, metadata, index_config, extract, encoder_sp
         order = np.argsort(rows, kind="stable")  # the single-process row order
         rows, embeddings = [rows[i] for i in order], embeddings[order]
         seconds = max(p["seconds"] for p in parts)
+    return {"rows": rows, "embeddings": embeddings, "failures": failures, "notes": notes, "seconds": seconds}
 
-    assert gallery is not None  # rank 0
-    if strict and failures:
-        _, reason = failures[0]
-        raise VlctlError(f"{reason} (--strict stops at an unreadable image: {len(failures)} of {len(todo)} were; "
-                         "nothing was added)")
-    n_captions = 0
-    if rows:
-        meta = [{"path": ids[i], **(metadata[i] if metadata is not None else {})} for i in rows]
-        text_emb, text_meta = None, None
-        if captions is not None:
-            text_meta = [{"text": c, "image": len(gallery) + r} for r, i in enumerate(rows) for c in captions[i]]
-            if text_meta:
-                text_emb = np.empty((len(text_meta), int(encoder.embed_dim)), np.float32)
-                embed_text_list(encoder, [t["text"] for t in text_meta], text_emb, (extract or ExtractConfig()).batch_size, progress)
-                n_captions = len(text_meta)
-            for r, i in enumerate(rows):
-                if captions[i]:
-                    meta[r]["captions"] = list(captions[i])
-        gallery = gallery.add(embeddings, meta, encoder_id=encoder.id, texts=text_emb, text_metadata=text_meta)
-    report = {
-        "added": len(rows),
-        "already_present": len(paths) - len(todo),
-        "failed": len(failures),
-        "failures": [list(f) for f in failures],
-        "notes": [list(f) for f in notes],
-        "captions": n_captions,
-        "count": len(gallery),
-        "seconds": round(seconds, 3),
-        "images_per_second": round(len(rows) / seconds, 2) if seconds > 0 else None,
-        "world_size": world,
-    }
-    return gallery, report
+
+def _commit(gallery, encoder, rows, embeddings, ids, metadata, captions, extract, progress) -> tuple[Store, int]:
+    """Add the images `rows` (indices into `ids`) and their captions to `gallery` in one commit;
+    returns the store after it and the number of captions added."""
+    if not rows:
+        return gallery, 0
+    meta = [{"path": ids[i], **(metadata[i] if metadata is not None else {})} for i in rows]
+    text_emb, text_meta = None, None
+    if captions is not None:
+        text_meta = [{"text": c, "image": len(gallery) + r} for r, i in enumerate(rows) for c in captions[i]]
+        if text_meta:
+            text_emb = np.empty((len(text_meta), int(encoder.embed_dim)), np.float32)
+            embed_text_list(encoder, [t["text"] for t in text_meta], text_emb, (extract or ExtractConfig()).batch_size,
+                            progress)
+        for r, i in enumerate(rows):
+            if captions[i]:
+                meta[r]["captions"] = list(captions[i])
+    gallery = gallery.add(embeddings, meta, encoder_id=encoder.id, texts=text_emb, text_metadata=text_meta or None)
+    return gallery, len(text_meta or ())

@@ -22,31 +22,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from vlctl.config import opt, validate_config
+from vlctl.embeddings.extract_config import ExtractConfig
 from vlctl.fsops import VlctlError
-from vlctl.images import DEFAULT_MAX_PIXELS, ImageDecodeError, decode_image
+from vlctl.images import ImageDecodeError, decode_image
 from vlctl.progress import progress_bar
 from vlctl.threads import torch_threads
-
-
-@dataclasses.dataclass(frozen=True)
-class ExtractConfig:
-    """How images are decoded and embedded."""
-
-    batch_size: int = opt(64, "images per forward pass", ge=1, le=4096)
-    workers: int = opt(0, "DataLoader worker processes decoding images (0 = decode in the main process)", ge=0, le=256)
-    max_pixels: int = opt(
-        DEFAULT_MAX_PIXELS, "refuse images with more pixels than this (decompression bombs; PIL's limit)",
-        ge=1, le=2**30,
-    )
-
-    def __post_init__(self) -> None:
-        for f in ("batch_size", "max_pixels"):
-            if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
-                raise VlctlError(f"ExtractConfig.{f} must be a positive integer, got {getattr(self, f)!r}")
-        if not isinstance(self.workers, int) or self.workers < 0:
-            raise VlctlError(f"ExtractConfig.workers must be >= 0, got {self.workers!r}")
-        validate_config(self)  # then every field in its declared range (the opt() above)
 
 
 def _preprocess_fn(encoder: Any):

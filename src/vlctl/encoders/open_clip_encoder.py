@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import logging
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -438,6 +439,15 @@ def _quiet_random_init(random_init: bool) -> Iterator[None]:
         root.removeFilter(flt)
 
 
+class RandomWeightsWarning(UserWarning):
+    """An OpenCLIP spec without a pretrained tag or a seed: random weights, which a user rarely means
+    (issue 43: `open_clip:ViT-S-32` found flowers for "a photo of a tabby cat"). Given once per model
+    in a process (`_TOLD_RANDOM`), whatever the warning filters."""
+
+
+_TOLD_RANDOM: set[str] = set()  # the models whose RandomWeightsWarning was given
+
+
 def create_open_clip_encoder(
     model_name: str,
     pretrained: str | None = None,
@@ -483,7 +493,8 @@ def create_open_clip_encoder(
             f"OpenCLIP {model_name!r}: ?seed={seed} names randomly initialised weights, but "
             f"{'the model name' if has_schema else repr(pretrained)} loads weights; drop the seed"
         )
-    if random_init and seed is None:
+    unasked = random_init and seed is None  # random weights the spec did not ask for by a seed
+    if unasked:
         seed = 0
     if pretrained is not None and not has_schema:
         looks_like_path = Path(pretrained).suffix != "" or "/" in pretrained or Path(pretrained).exists()
@@ -514,6 +525,13 @@ def create_open_clip_encoder(
         raise VlctlError(f"OpenCLIP {model_name!r} (pretrained={pretrained!r}): cannot load ({first})") from None
     except (OSError, ValueError, KeyError, ImportError) as e:
         raise VlctlError(f"OpenCLIP {model_name!r} (pretrained={pretrained!r}): cannot load ({e})") from None
+    if unasked and model_name not in _TOLD_RANDOM:
+        _TOLD_RANDOM.add(model_name)
+        tags = open_clip.list_pretrained_tags_by_model(model_name)
+        example = f" (e.g. open_clip:{model_name}/{tags[0]})" if tags else ""
+        warnings.warn(f"open_clip:{model_name} names no pretrained tag: its weights are random (seed 0), and so are its "
+                      f"embeddings; name a tag{example} or a checkpoint file, or write open_clip:{model_name}?seed=0 "
+                      "to ask for random weights", RandomWeightsWarning, stacklevel=2)
     if random_init:
         spec = f"open_clip:{model_name}?seed={seed}"
     else:

@@ -197,7 +197,8 @@ def embed_images_strict(encoder: Any, paths: Sequence[str | os.PathLike], cfg: R
     A benchmark cannot skip images (the numbers would no longer be the benchmark's), unlike
     `vlctl index`, which skips and lists them.
     """
-    from vlctl.embeddings.extract import ExtractConfig, embed_image_files
+    from vlctl.embeddings.extract import embed_image_files
+    from vlctl.embeddings.extract_config import ExtractConfig
 
     res = embed_image_files(encoder, paths, ExtractConfig(batch_size=cfg.batch_size, workers=cfg.workers), progress)
     if res.failures:

@@ -143,7 +143,8 @@ def embed_files_and_texts(encoder: Any, paths: Sequence[Path], texts: Sequence[s
     is printed from that rate (times the ranks), then the rest is embedded (the probe's rows are
     kept, not redone).
     """
-    from vlctl.embeddings.extract import ExtractConfig, embed_image_files, embed_text_list
+    from vlctl.embeddings.extract import embed_image_files, embed_text_list
+    from vlctl.embeddings.extract_config import ExtractConfig
     from vlctl.train.distributed import shard_rows
 
     extract = ExtractConfig(batch_size=min(run.batch_size, 4096), workers=run.workers)

@@ -19,22 +19,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vlctl.config import config_to_dict, opt, validate_config
+from vlctl.config import config_to_dict
 from vlctl.encoders import tiny_model, tiny_pretrained
 from vlctl.encoders.loss import clip_loss
 from vlctl.fsops import VlctlError
-from vlctl.train.loop import LoopConfig, TrainResult, default_param_groups, sample_rng, train
-
-
-@dataclasses.dataclass(frozen=True)
-class ClipTrainConfig:
-    model: str = opt("mad-quick", "TinyCLIP config name (encoders/configs/NAME.json) or path to a config JSON")
-    temperature_lr: float = opt(1e-2, "learning rate of the learnable temperature (its own param group)", ge=0, le=10)
-    shift_pixels: int = opt(2, "random translation augmentation, in pixels (0 = off); seeded per (epoch, index)",
-                            ge=0, le=64)
-
-    def __post_init__(self) -> None:
-        validate_config(self)  # every field in its declared range (the opt() above)
+from vlctl.train.config import ClipTrainConfig, LoopConfig
+from vlctl.train.loop import TrainResult, default_param_groups, sample_rng, train
 
 
 def train_clip(

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from vlctl.config import config_to_dict, opt, validate_config
+from vlctl.config import config_to_dict
 from vlctl.fsops import VlctlError, locked
 from vlctl.io import (
     atomic_dir,
@@ -62,30 +62,8 @@ from vlctl.io import (
     sha256_json,
 )
 from vlctl.progress import progress_bar
+from vlctl.train.config import LoopConfig
 from vlctl.train.distributed import all_gather_object, all_reduce_mean, barrier, init_distributed, is_main
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopConfig:
-    epochs: int = opt(1, "passes over the dataset", ge=1, le=100_000)
-    batch_size: int = opt(256, "GLOBAL batch size: split evenly over DDP ranks", ge=1, le=65536)
-    lr: float = opt(1e-3, "peak learning rate (default for param groups that set none)", gt=0, le=10)
-    weight_decay: float = opt(0.1, "AdamW decoupled weight decay (default groups: >=2-d params only)", ge=0, le=10)
-    betas: tuple[float, float] = opt((0.9, 0.98), "AdamW betas", ge=0, lt=1)
-    eps: float = opt(1e-6, "AdamW epsilon", gt=0, le=1)
-    warmup_steps: int = opt(0, "steps of linear learning-rate warmup before the cosine decay", ge=0, le=10**9)
-    min_lr_ratio: float = opt(0.0, "cosine floor as a fraction of each group's peak lr", ge=0, le=1)
-    grad_clip: float = opt(0.0, "clip the global gradient norm to this value (0 = off)", ge=0, le=1e6)
-    seed: int = opt(0, "seed for data order and torch/numpy/python RNGs", ge=0, le=2**32 - 1)
-    checkpoint_every: int = opt(0, "write a checkpoint every this many steps (0 = only at the end)", ge=0, le=10**9)
-    log_every: int = opt(10, "steps between log.jsonl lines and progress-bar updates", ge=1, le=10**9)
-    threads: int = opt(0, "torch.set_num_threads per process (0 = leave as is)", ge=0, le=1024)
-    progress: bool = opt(True, "show a tqdm progress bar (rank 0 only)")
-    drop_last: bool = opt(True, "drop the last incomplete batch of each epoch")
-
-    def __post_init__(self) -> None:
-        validate_config(self)  # every field in its declared range (the opt() above)
-
 
 # Fields that change only speed or logging, never the trained weights: a run may be resumed with
 # other values for them. Every other field must match the checkpoint. (`threads` is free as a
@@ -124,19 +102,17 @@ def epoch_order(n_samples: int, seed: int, epoch: int) -> np.ndarray:
 def steps_per_epoch(n_samples: int, cfg: LoopConfig, world_size: int = 1) -> int:
     """Optimizer steps in one epoch; VlctlError if the batches cannot be split over the ranks."""
     if cfg.batch_size < 1 or cfg.batch_size % world_size:
-        raise VlctlError(f"batch_size {cfg.batch_size} must be a positive multiple of the world size {world_size}")
+        raise VlctlError(f"the batch size {cfg.batch_size} must be a positive multiple of the world size {world_size}")
     full, rest = divmod(n_samples, cfg.batch_size)
     steps = full if cfg.drop_last or rest == 0 else full + 1
+    # The messages say the fields in words, for the Python API and the command line alike.
     if steps == 0:
-        raise VlctlError(
-            f"n_samples {n_samples} gives no batch of batch_size {cfg.batch_size} (drop_last={cfg.drop_last})"
-        )
+        raise VlctlError(f"{n_samples} samples make no full batch of {cfg.batch_size}, and the last incomplete batch "
+                         "is dropped (drop last): lower the batch size, or keep the last batch")
     if steps > full and rest % world_size:
         # Unequal shards would make "mean of local means" differ from the global mean.
-        raise VlctlError(
-            f"the last batch ({rest} samples) cannot be split evenly over {world_size} ranks; "
-            "use drop_last=True or another batch_size"
-        )
+        raise VlctlError(f"the last batch ({rest} samples) cannot be split evenly over {world_size} ranks; drop it "
+                         "(drop last) or choose another batch size")
     return steps
 
 

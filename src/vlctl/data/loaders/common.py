@@ -23,6 +23,11 @@ ON_MISSING = ("error", "skip")
 _SHOW = 10  # missing files named in an error message
 
 
+class MissingImagesError(VlctlError):
+    """Image files an annotation names are not on disk (`on_missing="error"`). The message says
+    which; a command that can skip them adds how (`vlctl embed --skip-missing`)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ImageTextData:
     """Images, captions and the caption -> image map of one dataset (or split).
@@ -93,9 +98,8 @@ def _build(
             shown = ", ".join(missing[:_SHOW]) + (
                 f", ... ({len(missing) - _SHOW} more)" if len(missing) > _SHOW else ""
             )
-            raise VlctlError(
-                f"{name}: {len(missing)} of {len(rows)} image files not found under {root_path.resolve()}: "
-                f"{shown} (pass on_missing='skip' / --skip-missing to drop them)"
+            raise MissingImagesError(
+                f"{name}: {len(missing)} of {len(rows)} image files not found under {root_path.resolve()}: {shown}"
             )
         gone = set(missing)
         rows = [r for r in rows if r[0] not in gone]

@@ -12,6 +12,7 @@ from vlctl.data.loaders.common import (
     IMAGE_COLUMNS,
     IMAGE_EXTENSIONS,
     ImageTextData,
+    MissingImagesError,
     _build,
     _pick,
     _read_table,
@@ -141,10 +142,10 @@ def load_image_folder(
     gone = [img for img, _, _ in listed if not (root / img).is_file()]
     if gone and on_missing == "error":
         shown = ", ".join(gone[:_SHOW]) + (f", ... ({len(gone) - _SHOW} more)" if len(gone) > _SHOW else "")
-        raise VlctlError(
+        raise MissingImagesError(
             f"{ann}: {len(gone)} of the {len(listed)} images it names are not in {root.resolve()} (its paths are "
-            f"relative to that folder: {gone[0]!r} was looked for at {(root / gone[0]).resolve()}): {shown}. Pass "
-            f"--skip-missing to drop them; the image column is {img_col!r}"
+            f"relative to that folder: {gone[0]!r} was looked for at {(root / gone[0]).resolve()}): {shown}; the "
+            f"image column is {img_col!r}"
         )
     rest = [(p, [], {}) for p in on_disk if p not in per_image]
     return _build(f"{root} + {ann}", root, listed + rest, on_missing)

@@ -64,17 +64,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlctl.artifacts import legacy_document, not_this_class
-from vlctl.config import opt, validate_config
+from vlctl.config import shorten
 from vlctl.fsops import VlctlError
 from vlctl.io import read_json
 from vlctl.methods.base import Estimator, as_matrix, embedding_set
+from vlctl.methods.controlembed.config import CONTROLEMBED_DATA_FIELDS, ControlEmbedConfig
 from vlctl.methods.controlembed.fit import fit_hypernet
 from vlctl.methods.controlembed.prompts import minilm_id, minilm_text_embeddings
 
 __all__ = [
     "AffineHyperNet",
     "ControlEmbed",
-    "ControlEmbedConfig",
     "UntrainedAttributeWarning",
     "kmeans_labels",
     "normalize_rows",
@@ -82,9 +82,6 @@ __all__ = [
 
 WEIGHTS_FILE = "controlembed.safetensors"
 CONFIG_FILE = "config.json"
-PARAMETERISATIONS = ("full", "lowrank", "translation")
-HEAD_MAX_WEIGHTS = 1 << 22  # head_rank None: the unfactored output layer up to this many weights
-AUTO_HEAD_RANK = 8  # head_rank None: the code width beyond
 
 
 class UntrainedAttributeWarning(UserWarning):
@@ -92,59 +89,6 @@ class UntrainedAttributeWarning(UserWarning):
 
 
 # --- the hypernetwork --------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ControlEmbedConfig:
-    """ControlEmbed's hyperparameters, hypernetwork and training alike (`ControlEmbed.Config`)."""
-
-    embed_dim: int | None = opt(None, "D: dimension of the image embedding space the maps act on; set from the data",
-                                ge=1, le=65536)
-    cond_dim: int | None = opt(None, "dimension of the attribute text embedding fed to the MLP; set from the "
-                               "condition encoder", ge=1, le=65536)
-    hidden: int = opt(256, "hidden width of the 3-layer MLP", ge=1, le=65536)
-    parameterisation: str = opt("full", "W: 'full' (I + Delta), 'lowrank' (I + U V^T) or 'translation' (W = I)",
-                                choices=PARAMETERISATIONS)
-    rank: int = opt(32, "rank r of the 'lowrank' parameterisation (ignored otherwise)", ge=1, le=65536)
-    head_rank: int | None = opt(None, "width k of the code between the MLP's hidden layer and the map's parameters "
-                                "(0: no code, one hidden x parameters layer; None: 0 up to 2^22 weights, else 8)",
-                                ge=0, le=65536)
-    temperature: float = opt(0.1, "tau of the StableRep and alignment losses", gt=0, le=100)
-    align_weight: float = opt(0.1, "omega: weight of the i2t + t2i alignment loss (0 = off)", ge=0, le=1000)
-    images_per_subclass: int = opt(16, "m: images per subclass in an episode (class-balanced sampler)", ge=2, le=4096)
-    max_subclasses_per_batch: int = opt(32, "at most this many subclasses per episode (a random subset beyond)",
-                                        ge=2, le=4096)
-    steps: int = opt(2000, "training episodes (optimizer steps), one category each", ge=1, le=10**8)
-    lr: float = opt(1e-3, "peak learning rate (AdamW, warmup + cosine)", gt=0, le=10)
-    weight_decay: float = opt(1e-4, "AdamW weight decay of the MLP's matrices", ge=0, le=10)
-    warmup_steps: int = opt(50, "linear warmup steps", ge=0, le=10**8)
-    seed: int = opt(0, "seed of the initialisation and the episodes", ge=0, le=2**32 - 1)
-    threads: int = opt(1, "torch threads while fitting (restored afterwards; 0 = leave as is): the episodes are "
-                       "small, and on a shared CPU one thread was 7x faster than two (measured)", ge=0, le=1024)
-    device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available)", check="device")
-
-    def __post_init__(self):
-        # Every field in its declared range (above; an episode needs 2 images of a subclass, a positive
-        # besides the image itself, and 2 subclasses); then what crosses fields.
-        validate_config(self)
-        if self.parameterisation == "lowrank" and self.embed_dim is not None and self.rank > self.embed_dim:
-            raise VlctlError(f"rank: must be <= embed_dim ({self.embed_dim}, the embedding dimension) for the "
-                             f"'lowrank' parameterisation, got {self.rank}")
-
-    @property
-    def out_dim(self) -> int:
-        """Parameters of one map: the output layer's width."""
-        d, r = self.embed_dim, self.rank
-        if d is None:
-            raise VlctlError("ControlEmbedConfig: embed_dim is not set (fit sets it from the data)")
-        return {"full": d * d + d, "lowrank": 2 * d * r + d, "translation": d}[self.parameterisation]
-
-    @property
-    def code_dim(self) -> int:
-        """head_rank resolved: 0 (unfactored output layer) or the code width k."""
-        if self.head_rank is not None:
-            return self.head_rank
-        return 0 if self.hidden * self.out_dim <= HEAD_MAX_WEIGHTS else AUTO_HEAD_RANK
 
 
 def _code_scale(hidden: int, k: int) -> float:
@@ -244,8 +188,9 @@ def kmeans_labels(x: Any, k: int, seed: int = 0, n_init: int = 1, threads: int |
 class ControlEmbed(Estimator):
     """ControlEmbed: `ControlEmbed(...).fit(store, labels)` or `.fit(emb, labels, encoder_id=...)`.
 
-    Hyperparameters: `ControlEmbed.Config` (= ControlEmbedConfig; embed_dim and cond_dim come from
-    the data). Runtime options: progress, out_dir (the loop's run directory; temporary when None).
+    Hyperparameters: `ControlEmbed.Config` (= `vlctl.methods.controlembed.config.ControlEmbedConfig`;
+    embed_dim and cond_dim come from the data). Runtime options: progress, out_dir (the loop's run
+    directory; temporary when None).
 
     Learned state (after fit/load): `hypernet_`, `config_`, `encoder_id_`, `embed_dim_`,
     `categories_` (trained category names), `subclasses_` {category: [subclass, ...]},
@@ -254,7 +199,7 @@ class ControlEmbed(Estimator):
     """
 
     Config = ControlEmbedConfig
-    DATA_FIELDS = ("embed_dim", "cond_dim")
+    DATA_FIELDS = CONTROLEMBED_DATA_FIELDS
     WEIGHTS_FILE = WEIGHTS_FILE
 
     # -- fitting ---------------------------------------------------------------------------------
@@ -276,9 +221,11 @@ class ControlEmbed(Estimator):
             encoder `encoder_id`.
         labels: {category: (N,) subclass of each image, None where an image has no label in that
             category (it then sits out that category's episodes)}; every category needs >= 2
-            subclasses and every subclass >= 2 images (a positive besides the image itself).
-        class_text_emb: {category: (K, D) text embedding of each subclass, rows in sorted
-            subclass order} (`prompt_ensemble`); required when align_weight > 0.
+            subclasses and every subclass >= 2 images (a positive besides the image itself), or
+            min_images_per_subclass drops the smaller subclasses.
+        class_text_emb: {category: (K, D) text embedding of each of the labels' subclasses, rows in
+            sorted subclass order; those of dropped subclasses are left out} (`prompt_ensemble`);
+            required when align_weight > 0.
         category_emb: {category: (cond_dim,)}; default: MiniLM embeddings of the category names.
         checkpoint_every: write the training loop's checkpoint into `out_dir` every this many steps;
             resume: continue from it (refused for another config, encoder, data or number of
@@ -294,7 +241,7 @@ class ControlEmbed(Estimator):
         if not labels:
             raise VlctlError("labels: no categories given")
         categories = list(labels)
-        subclasses, members = {}, {}
+        subclasses, members, rows = {}, {}, {}
         for cat in categories:
             y = np.asarray(labels[cat])
             if y.shape != (n,):
@@ -306,15 +253,15 @@ class ControlEmbed(Estimator):
                 raise VlctlError(f"labels[{cat!r}]: no image has a label in this category")
             values, inverse, counts = np.unique(y[labelled].tolist() if y.dtype == object else y,
                                                 return_inverse=True, return_counts=True)
+            values = [v.item() if hasattr(v, "item") else v for v in values]
             if len(values) < 2:
-                raise VlctlError(f"labels[{cat!r}]: category has a single subclass ({values.tolist()}); "
+                raise VlctlError(f"labels[{cat!r}]: category has a single subclass ({values}); "
                                  "retrieval and clustering by it are meaningless")
-            if counts.min() < 2:
-                raise VlctlError(f"labels[{cat!r}]: subclass {values.tolist()[counts.argmin()]!r} has a single image; "
-                                 "every subclass needs a positive besides the image itself")
-            subclasses[cat] = [v.item() if hasattr(v, "item") else v for v in values]
-            members[cat] = [labelled[inverse == k] for k in range(len(values))]
-        text = self._class_texts(class_text_emb, subclasses, d)
+            kept = self._kept_subclasses(cat, values, counts)
+            rows[cat] = kept, values
+            subclasses[cat] = [values[k] for k in kept]
+            members[cat] = [labelled[inverse == k] for k in kept]
+        text = self._class_texts(class_text_emb, rows, d)
         if category_emb is None:
             cond, condition_id = minilm_text_embeddings(categories), minilm_id()
         else:
@@ -336,19 +283,43 @@ class ControlEmbed(Estimator):
         self.final_loss_ = final_loss
         return self
 
+    def _kept_subclasses(self, cat: str, values: list, counts: np.ndarray) -> np.ndarray:
+        """Indices of the subclasses `values` (with `counts` images each) that category `cat` trains
+        on: all, or with min_images_per_subclass those with that many images (a warning names the
+        others). A subclass of one image is refused: it has no positive besides itself."""
+        least = self.config.min_images_per_subclass
+        kept = np.flatnonzero(counts >= least)
+        if len(kept) < len(values):
+            dropped = [f"{values[k]!r} ({counts[k]})" for k in np.flatnonzero(counts < least)]
+            warnings.warn(f"labels[{cat!r}]: dropped {len(dropped)} of {len(values)} subclasses, those with fewer "
+                          f"than {least} images (their count in brackets): {shorten(', '.join(dropped), 300)}; "
+                          "their images sit out this category", stacklevel=3)
+        if len(kept) < 2:
+            raise VlctlError(f"labels[{cat!r}]: {len(kept)} of {len(values)} subclasses have at least {least} images "
+                             f"({[values[k] for k in kept]}), and a category needs 2 (lower min_images_per_subclass, "
+                             "the flag --min-images-per-subclass)")
+        lonely = [values[k] for k in kept if counts[k] < 2]
+        if lonely:
+            raise VlctlError(f"labels[{cat!r}]: subclass {lonely[0]!r} has a single image; every subclass needs a "
+                             "positive besides the image itself (min_images_per_subclass 2, the flag "
+                             "--min-images-per-subclass 2, drops such subclasses)")
+        return kept
+
     @staticmethod
-    def _class_texts(class_text_emb, subclasses: dict, d: int) -> dict[str, np.ndarray] | None:
+    def _class_texts(class_text_emb, rows: dict, d: int) -> dict[str, np.ndarray] | None:
+        """Each category's `class_text_emb` (one row per subclass of the labels), normalised, with the
+        rows of the subclasses it trains on; `rows`: {category: (kept indices, every subclass)}."""
         if class_text_emb is None:
             return None
         out = {}
-        for cat, subs in subclasses.items():
+        for cat, (kept, values) in rows.items():
             if cat not in class_text_emb:
                 raise VlctlError(f"class_text_emb: no subclass text embeddings for category {cat!r}")
             t = as_matrix(class_text_emb[cat], f"class_text_emb[{cat!r}]")
-            if t.shape != (len(subs), d):
-                raise VlctlError(f"class_text_emb[{cat!r}]: expected shape ({len(subs)}, {d}) (one row per "
-                                 f"subclass, in sorted order {subs}), got {t.shape}")
-            out[cat] = normalize_rows(t)
+            if t.shape != (len(values), d):
+                raise VlctlError(f"class_text_emb[{cat!r}]: expected shape ({len(values)}, {d}) (one row per "
+                                 f"subclass, in sorted order {values}), got {t.shape}")
+            out[cat] = normalize_rows(t[kept])
         return out
 
     def _set_fitted(self, net, encoder_id, categories, subclasses, category_emb, class_text_emb, condition_id):

@@ -119,7 +119,8 @@ def fit_hypernet(
 
     checkpoint_every (steps): the loop's checkpoint in `out_dir/checkpoint/`; resume: continue
     from it, refused when it was written for another config, encoder, data or number of ranks."""
-    from vlctl.train.loop import LoopConfig, default_param_groups, epoch_order, sample_rng, train
+    from vlctl.train.config import LoopConfig
+    from vlctl.train.loop import default_param_groups, epoch_order, sample_rng, train
 
     if (checkpoint_every or resume) and out_dir is None:
         raise VlctlError("ControlEmbed.fit: checkpoint_every / resume need out_dir (where the checkpoint lives)")

@@ -13,8 +13,7 @@ import torch
 from vlctl.config import shorten, template_error
 from vlctl.fsops import VlctlError
 from vlctl.methods.base import as_matrix
-
-DEFAULT_TEMPLATES = ("a photo of {}.", "an image of {}.", "a rendering of {}.", "a picture of {}.")
+from vlctl.methods.controlembed.config import DEFAULT_TEMPLATES
 
 
 @functools.lru_cache(maxsize=1)

@@ -37,63 +37,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from vlctl.artifacts import legacy_document, load_checked_state, not_this_class
-from vlctl.config import config_to_dict, opt
+from vlctl.config import config_to_dict
 from vlctl.fsops import VlctlError
 from vlctl.io import read_json
 from vlctl.methods.base import Estimator, as_matrix, as_tensor, embedding_set
+from vlctl.methods.sae.config import SAE_DATA_FIELDS, TopKSAEConfig
 from vlctl.methods.sae.kernels import picked_encode, sparse_decode
 from vlctl.train.distributed import is_distributed
 
 WEIGHTS_FILE = "sae.safetensors"
 CONFIG_FILE = "config.json"
-
-
-@dataclasses.dataclass(frozen=True)
-class TopKSAEConfig:
-    """The SAE's hyperparameters, architecture and training alike (`SparseAutoencoder.Config`)."""
-
-    d: int | None = opt(None, "input (embedding) dimension; set from the data by fit", ge=1, le=65536)
-    expansion: int = opt(32, "d_latent = expansion * d when d_latent is not given", ge=1, le=1024)
-    d_latent: int | None = opt(None, "number of latents d1 (overrides expansion)", ge=1, le=2**24)
-    k: int = opt(128, "active latents per input (TopK)", ge=1, le=2**24)
-    aux_k: int = opt(256, "dead latents used by the AuxK loss", ge=0, le=2**24)
-    aux_coef: float = opt(1 / 32, "weight of the AuxK loss", ge=0, le=1000)
-    dead_after: int = opt(200_000, "a latent not fired for this many training samples is dead", ge=0, le=10**12)
-    resample_every: int = opt(0, "every this many training steps, re-initialise the dead latents towards the inputs "
-                              "the SAE reconstructs worst in the batch (0: never; AuxK alone revives them)", ge=0,
-                              le=10**9)
-    init_b_pre: str = opt("geometric_median", "b_pre init from the data: geometric_median | mean | zeros",
-                          choices=("geometric_median", "mean", "zeros"))
-    concepts_fixed: bool = opt(False, "CG-SAE: decoder rows fixed to concept text embeddings, only the encoder "
-                               "trains (set by SparseAutoencoder.from_concepts)")
-    concepts_init: bool = opt(False, "decoder rows START at the concept text embeddings and train with the rest (TEVI "
-                              "§4.2's learned SAE: the §3.3 setup with the decoder kept learnable; set by "
-                              "SparseAutoencoder.from_concepts(fixed=False))", added=True)
-    lr: float = opt(1e-3, "peak learning rate (AdamW, no weight decay)", gt=0, le=10)
-    epochs: int = opt(50, "passes over the embeddings", ge=1, le=100_000)
-    batch_size: int = opt(4096, "batch size (capped at the number of embeddings)", ge=1, le=2**20)
-    warmup_steps: int = opt(0, "linear warmup steps", ge=0, le=10**9)
-    seed: int = opt(0, "seed of the initialisation and the data order", ge=0, le=2**32 - 1)
-    device: str | None = opt("cpu", "cpu or cuda (None: CUDA when available)", check="device")
-
-    @property
-    def n_latents(self) -> int | None:
-        """d1; None while d is unknown and d_latent not given."""
-        if self.d_latent is not None:
-            return self.d_latent
-        return None if self.d is None else self.expansion * self.d
-
-    def __post_init__(self):
-        if self.init_b_pre not in ("geometric_median", "mean", "zeros"):
-            raise VlctlError(f"init_b_pre must be geometric_median, mean or zeros, got {self.init_b_pre!r}")
-        if self.n_latents is not None and not 1 <= self.k <= self.n_latents:
-            raise VlctlError(f"k={self.k} must be in [1, d_latent={self.n_latents}]")
-        if self.k < 1:
-            raise VlctlError(f"k={self.k} must be >= 1")
-        if self.concepts_fixed and self.concepts_init:
-            raise VlctlError("concepts_fixed (CG-SAE) and concepts_init (trained from the concepts) exclude each other")
-        if self.aux_k < 0 or self.dead_after < 0:
-            raise VlctlError(f"aux_k ({self.aux_k}) and dead_after ({self.dead_after}) must be >= 0")
 
 
 # --- metrics -----------------------------------------------------------------------------------
@@ -361,15 +314,15 @@ def _as_tensor(x: Any, name: str = "embeddings") -> torch.Tensor:
 class SparseAutoencoder(Estimator):
     """TopK SAE: `SparseAutoencoder(k=...).fit(store)` or `.fit(emb, encoder_id)`.
 
-    Hyperparameters: `SparseAutoencoder.Config` (= TopKSAEConfig; d comes from the data,
-    concepts_fixed from `from_concepts`). Runtime options: progress, out_dir (the training loop's
-    run directory; a temporary one when None). Learned state (after fit/load): `model_`,
-    `config_` (the config with d), `b_pre_` (d,), `n_dead_`, `fvu_` (on the training
-    embeddings), `encoder_id_`.
+    Hyperparameters: `SparseAutoencoder.Config` (= `vlctl.methods.sae.config.TopKSAEConfig`; d
+    comes from the data, concepts_fixed from `from_concepts`). Runtime options: progress, out_dir
+    (the training loop's run directory; a temporary one when None). Learned state (after
+    fit/load): `model_`, `config_` (the config with d), `b_pre_` (d,), `n_dead_`, `fvu_` (on the
+    training embeddings), `encoder_id_`.
     """
 
     Config = TopKSAEConfig
-    DATA_FIELDS = ("d",)
+    DATA_FIELDS = SAE_DATA_FIELDS
     WEIGHTS_FILE = WEIGHTS_FILE
     concept_emb: torch.Tensor | None = None  # CG-SAE: the (S, d) decoder rows, set by from_concepts
 
@@ -409,7 +362,8 @@ class SparseAutoencoder(Estimator):
         result as the uninterrupted fit."""
         if (checkpoint_every or resume) and self.out_dir is None:
             raise VlctlError("SparseAutoencoder.fit: checkpoint_every / resume need out_dir (where the checkpoint lives)")
-        from vlctl.train.loop import LoopConfig, train
+        from vlctl.train.config import LoopConfig
+        from vlctl.train.loop import train
 
         data = embedding_set(source, encoder_id=encoder_id)
         encoder_id = data.encoder_id

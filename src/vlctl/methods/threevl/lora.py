@@ -33,12 +33,12 @@ from torch import nn
 
 from vlctl.fsops import VlctlError
 from vlctl.io import atomic_dir, atomic_save_safetensors, atomic_write_json, hash_state_dict, read_json
+from vlctl.methods.threevl.config import TOWERS
 
 TINYCLIP_TARGETS = (r".*blocks\.\d+\.attn\.(qkv|proj)$", r".*blocks\.\d+\.mlp\.(0|2)$")
 OPEN_CLIP_TARGETS = r".*resblocks\.\d+\.(attn|mlp\.c_fc|mlp\.c_proj)$"
 HF_CLIP_TARGETS = r".*layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|out_proj)|mlp\.(fc1|fc2))$"
 ADAPTER_FORMAT = "vlctl.lora/1"
-TOWERS = ("both", "visual", "text")
 
 
 class LoRALinear(nn.Module):

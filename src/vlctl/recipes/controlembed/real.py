@@ -38,7 +38,7 @@ from vlctl.config import config_from_dict, config_to_dict, opt
 from vlctl.eval import metrics
 from vlctl.fsops import VlctlError
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
-from vlctl.methods.controlembed.prompts import DEFAULT_TEMPLATES
+from vlctl.methods.controlembed.config import DEFAULT_TEMPLATES
 from vlctl.recipes.real_common import (
     EncoderRun,
     LazyEncoder,

@@ -28,8 +28,9 @@ from vlctl.data.shapes import (
 )
 from vlctl.eval import metrics
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
+from vlctl.methods.controlembed.config import DEFAULT_TEMPLATES
 from vlctl.methods.controlembed.estimator import ControlEmbed, UntrainedAttributeWarning, kmeans_labels, normalize_rows
-from vlctl.methods.controlembed.prompts import DEFAULT_TEMPLATES, prompt_ensemble, text_subspace_projection
+from vlctl.methods.controlembed.prompts import prompt_ensemble, text_subspace_projection
 from vlctl.recipes.runner import Runner
 from vlctl.report.writer import Report
 
@@ -86,8 +87,8 @@ def load_preset(quick: bool) -> ControlEmbedShapesRecipe:
 
 
 def _train(cfg: ControlEmbedShapesRecipe, data_dir: Path, work: Path, resume: bool) -> None:
-    from vlctl.train.clip import ClipTrainConfig, launch_clip_training
-    from vlctl.train.loop import LoopConfig
+    from vlctl.train.clip import launch_clip_training
+    from vlctl.train.config import ClipTrainConfig, LoopConfig
 
     # No shift augmentation: np.roll would wrap objects across the border and change the count.
     clip = ClipTrainConfig(model=cfg.model, temperature_lr=cfg.temperature_lr, shift_pixels=0)

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from vlctl.config import config_from_dict, config_to_dict, opt
-from vlctl.data.mad import CATEGORIES, VALUES, MadConfig, captions, generate_mad, load_mad, prompt_captions
+from vlctl.data.mad import CATEGORIES, VALUES, captions, generate_mad, load_mad, prompt_captions
+from vlctl.data.mad_config import MadConfig
 from vlctl.eval import metrics
 from vlctl.eval.metrics import caption_relevance
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
@@ -54,8 +55,8 @@ def load_preset(quick: bool) -> MadClipRecipe:
 
 
 def _train(cfg: MadClipRecipe, data_dir: Path, work: Path, resume: bool) -> None:
-    from vlctl.train.clip import ClipTrainConfig, launch_clip_training
-    from vlctl.train.loop import LoopConfig
+    from vlctl.train.clip import launch_clip_training
+    from vlctl.train.config import ClipTrainConfig, LoopConfig
 
     clip = ClipTrainConfig(model=cfg.model, temperature_lr=cfg.temperature_lr)
     loop = LoopConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, weight_decay=cfg.weight_decay,

@@ -152,7 +152,8 @@ def _finetune(cfg: ThreeVLCocoRecipe, mode: str, lazy: LazyEncoder, run: Encoder
     from vlctl.images import read_image
     from vlctl.methods.threevl.lora import lora_parameters
     from vlctl.methods.threevl.tree_tune import contrastive_loss, negclip_loss, tree_loss, tree_tensors
-    from vlctl.train.loop import LoopConfig, train
+    from vlctl.train.config import LoopConfig
+    from vlctl.train.loop import train
 
     if run.precision == "fp16":
         raise VlctlError("3vl-coco: fine-tuning runs in fp32 or bf16 (fp16 without loss scaling underflows); "
@@ -246,7 +247,8 @@ def _item_images(enc, items: list, run: EncoderRun) -> np.ndarray:
     """(n, d) embeddings of each item's image (ARO: cropped to its box), one forward per unique image."""
     import torch
 
-    from vlctl.embeddings.extract import ExtractConfig, embed_image_files
+    from vlctl.embeddings.extract import embed_image_files
+    from vlctl.embeddings.extract_config import ExtractConfig
     from vlctl.images import read_image
 
     keys = [(str(root / it.image), it.box) for it, root in items]

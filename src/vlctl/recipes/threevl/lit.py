@@ -390,7 +390,7 @@ def _base(cfg: ThreeVLLitRecipe, seed: int, data_dir: Path, work: Path, resume: 
     from vlctl.encoders import tiny_model, tiny_pretrained
     from vlctl.methods.threevl.tree_tune import trim_padding
     from vlctl.train.clip import train_clip_arrays
-    from vlctl.train.loop import LoopConfig
+    from vlctl.train.config import LoopConfig
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
