@@ -259,7 +259,8 @@ def test_base_key_names_the_pooling_only_when_it_is_not_the_class_token():
 def _results(base=70.0, contrastive=70.5, tree=72.0, swap=50.0, relation=50.0, per_batch=0.05, train_rel=50.0,
              tree_rel=50.0, lo=0.5):
     cell = (lambda v: {"mean": v})
-    acc = {m: {"attribute_swap": cell(swap), "relation_spatial": cell(relation), "average": cell(v)}
+    acc = {m: {**{c: cell(80.0) for c in CHECKLIST_CATEGORIES}, "attribute_swap": cell(swap),
+               "relation_spatial": cell(relation), "average": cell(v)}
            for m, v in (("base", base), ("contrastive", contrastive), ("negclip", contrastive), ("tree", tree))}
     acc["tree"]["relation_spatial"] = cell(tree_rel)
 
@@ -285,6 +286,9 @@ def test_answer_names_the_first_measured_cause():
     assert answer(cfg, _results(swap=70))[0] == "premise_not_reached"  # the base binds already
     assert answer(cfg, _results(per_batch=1.5))[0] == "hard_negatives_in_batches"
     cause, text = answer(cfg, _results())
-    assert cause == "relations_not_learnable" and "1000 steps" in text
+    assert cause == "relations_not_learnable" and "1000 steps" in text and "loses" not in text
+    r = _results()
+    r["accuracy"]["tree"]["attribute_size"] = {"mean": 75.0}  # 5 points below the base: named
+    assert answer(cfg, r)[1].endswith("Against the base the tree loss loses 5.0 points on attribute_size.")
     assert answer(cfg, _results(train_rel=80.0))[0] == "loss_does_not_help"
     assert answer(cfg, _results(tree_rel=70.0))[0] == "loss_does_not_help"

@@ -159,6 +159,15 @@ def _targets(r: dict) -> dict:
     }
 
 
+def _losses(r: dict) -> str:
+    """' It loses X on A, ...' for the checklist categories where tree − base < −1 point ('' if none)."""
+    a = r["accuracy"]
+    lost = [(a["tree"][c]["mean"] - a["base"][c]["mean"], c) for c in CHECKLIST_CATEGORIES]
+    lost = sorted((d, c) for d, c in lost if d < -1)
+    return (" Against the base the tree loss loses " + ", ".join(f"{-d:.1f} points on {c}" for d, c in lost) + "."
+            if lost else "")
+
+
 def answer(cfg, r: dict) -> tuple[str, str]:
     """(cause, sentence): whether the tree loss wins, or the first measured cause, in the issue's order:
     premise not reached, hard negatives in batches anyway, relations not learnable in the budget,
@@ -190,12 +199,13 @@ def answer(cfg, r: dict) -> tuple[str, str]:
             f"of its own fine-tuning scenes at {trel['tree']:.1f} (base {trel.get('base', float('nan')):.1f}) and "
             f"of the test scenes at {a['tree']['relation_spatial']['mean']:.1f}; the premise holds (contrastive "
             f"{cb['mean']:+.1f}) and batches hold {per_batch:.2f} hard pairs each. Tree − {best} "
-            f"{tbest['mean']:+.1f} [{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}], tree − base {tb['mean']:+.1f}.")
+            f"{tbest['mean']:+.1f} [{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}], tree − base {tb['mean']:+.1f}."
+            + _losses(r))
     return "loss_does_not_help", (
         f"The loss itself does not help once the premise holds (contrastive {cb['mean']:+.1f}), batches hold "
         f"{per_batch:.2f} hard pairs each and relations are learnable (tree on its own scenes "
         f"{trel.get('tree', float('nan')):.1f}): tree − {best} {tbest['mean']:+.1f} "
-        f"[{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}], tree − base {tb['mean']:+.1f}.")
+        f"[{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}], tree − base {tb['mean']:+.1f}." + _losses(r))
 
 
 ARRAYS_README = """# arrays/
@@ -255,15 +265,15 @@ def _report(cfg, r: dict, quick: bool) -> Report:
     base_src = (f"the full captions of {cfg.n_train:,} train scenes (the fine-tuning split's caption distribution, "
                 f"configurations disjoint)" if cfg.base_captions == "full" else
                 f"{cfg.alt_per_scene} alt-text captions of each of {cfg.n_train:,} train scenes")
-    cap = (lambda v, what: "all" if v == 0 else f"at most {v} {what}")
+    cap = (lambda v, what: f"every {what}" if v == 0 else f"at most {v} {what}s")
     rep.text(f"Base: ViT of `{cfg.vision_model}` ({cfg.image_size} px) from scratch + frozen all-MiniLM-L6-v2 + "
              f"trainable projection, trained contrastively on {base_src} for {cfg.base_epochs} epochs. Fine-tuning on "
              f"the full captions of {cfg.n_finetune:,} finetune scenes: LoRA rank {cfg.rank} (alpha {cfg.lora_alpha}) "
              f"on the attention of MiniLM's last {cfg.minilm_layers} layers (peft) and on the ViT ({cfg.towers}), "
              f"{cfg.ft_epochs} epoch(s) at batch {cfg.ft_batch_size} ({r['fits'].get(f'tree_s{cfg.seeds[0]}', {}).get('steps', '?')} "
              f"steps), lr {cfg.ft_lr}, the same for every loss; tree alpha {cfg.alpha}, levels reduced by "
-             f"{cfg.level_reduction}, {cap(cfg.max_levels, 'levels')} and {cap(cfg.max_negatives, 'negatives per level')} "
-             f"per tree. In-batch hard negatives of the fine-tuning captions (random batches of {h['batch_size']}): "
+             f"{cfg.level_reduction}, {cap(cfg.max_levels, 'level')} and {cap(cfg.max_negatives, 'negative')} of each tree"
+             f"{' (no cap, as the paper)' if cfg.max_levels == cfg.max_negatives == 0 else ''}. In-batch hard negatives of the fine-tuning captions (random batches of {h['batch_size']}): "
              f"{h['one_word_per_batch']:.3f} one-word pairs and {h['rebound_per_batch']:.3f} rebound pairs (the same "
              f"words bound differently) per batch, {h['one_word_share']:.4f}% and {h['rebound_share']:.4f}% of all "
              f"pairs. Test: {cfg.n_test} scenes whose configurations are in no training split. Seeds "
