@@ -197,6 +197,17 @@ def test_inspect_sae_names_each_colour_latent_and_checks_it(world, capsys, tmp_p
     assert api == [{k: v for k, v in r.items() if k != "sheet"} for r in rows]
 
 
+def test_describe_as_frame_is_the_same_table(world):
+    pd = pytest.importorskip("pandas")
+    root, store, _ = world
+    sae = SparseAutoencoder.load(root / "sae")
+    rows = sae.describe(store, k=4)  # the default: the list of dicts
+    frame = sae.describe(store, k=4, as_frame=True)
+    assert isinstance(rows, list) and isinstance(frame, pd.DataFrame)
+    assert list(frame.columns) == list(rows[0]) and len(frame) == len(rows)
+    assert frame.to_dict("records") == rows
+
+
 def test_latents_of_names_the_active_latents(world):
     root, store, _ = world
     sae = SparseAutoencoder.load(root / "sae")
