@@ -85,39 +85,48 @@ def agreement(caption_auc: list[float | None], correct: list[bool]) -> dict:
             "caption_auc_mean_wrong": mean(auc[~ok]), "right": int(ok.sum()), "wrong": int((~ok).sum())}
 
 
-def measure(run: Path, variant: str, stage: str, work: Path, key: dict) -> dict:
-    store_dir = next((_stage(run, "embed") / "cache").iterdir())
-    data = _stage(run, "data-test") / "test"
-    sae_dir = _stage(run, stage, **key) / "sae"
-    out = work / f"inspect-{variant}"
+def inspect(store_dir: Path, sae_dir: Path, out: Path, data: Path, present: np.ndarray) -> dict:
+    """`vlctl inspect sae` run and read back, with what a measure over labels needs: its seconds,
+    summary and rows, the SAE, the live latents (firing on some image), their label-AUCs (live,
+    concepts) in percent against `present` (images, concepts), and the control: each live latent's
+    top name from the shuffled decoder. Shared with experiments/inspect_sae_shapes.py."""
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):  # the command's summary: read back from summary.json
         rc = vlctl_main(["inspect", "sae", "--store", str(store_dir), "--sae", str(sae_dir), "--out", str(out),
                          "--data", str(data), "--overwrite", "--json"])
     seconds = time.perf_counter() - t0
     assert rc == 0
-    summary = json.loads((out / "summary.json").read_text())
-    rows = [json.loads(ln) for ln in (out / "latents.jsonl").read_text().splitlines()]
-    labels = load_mad(data)["labels"]
-    present = np.array([[str(lab[c]) == v for c in CATEGORIES for v in VALUES[c]] for lab in labels])
     store = open_store(store_dir)
     sae = SparseAutoencoder.load(sae_dir, encoder_id=store.encoder_id)
-    started_at_concepts = sae.config_.concepts_fixed or sae.config_.concepts_init
     z = sae.encode(np.asarray(store.image_emb)).numpy()
     live = np.flatnonzero((z > 0).any(0))
-    label_auc = concept_auc_matrix(z[:, live], present)  # (live, 26) percent
-    best = [CONCEPTS[j] for j in label_auc.argmax(1)]
-    fires = [{CONCEPTS[j] for j in np.flatnonzero(a >= FIRES)} for a in label_auc]
-    top = [normalise(rows[r]["names"][0]["name"]) for r in live]
     # the control: each live latent named by another live latent's decoder row
     names, _ = store_vocabulary(store)
     names, name_emb, _ = embed_names(store_encoder(store), names)
     perm = shuffled_rows(z.shape[1], (z > 0).any(0), seed=0)
     ctrl_idx, _ = nearest_names(sae.model_.W_D.detach().numpy()[perm[live]], name_emb, 1)
-    ctrl = [normalise(names[i]) for i in ctrl_idx[:, 0]]
-    result = {"variant": variant, "sae": str(sae_dir), "seconds": round(seconds, 2), "n_images": len(labels),
+    return {"seconds": seconds, "summary": json.loads((out / "summary.json").read_text()),
+            "rows": [json.loads(ln) for ln in (out / "latents.jsonl").read_text().splitlines()], "sae": sae,
+            "n_latents": int(z.shape[1]), "live": live, "label_auc": concept_auc_matrix(z[:, live], present),
+            "control": [names[i] for i in ctrl_idx[:, 0]]}
+
+
+def measure(run: Path, variant: str, stage: str, work: Path, key: dict) -> dict:
+    data = _stage(run, "data-test") / "test"
+    sae_dir = _stage(run, stage, **key) / "sae"
+    labels = load_mad(data)["labels"]
+    present = np.array([[str(lab[c]) == v for c in CATEGORIES for v in VALUES[c]] for lab in labels])
+    got = inspect(next((_stage(run, "embed") / "cache").iterdir()), sae_dir, work / f"inspect-{variant}", data,
+                  present)
+    summary, rows, sae, live, label_auc = (got[k] for k in ("summary", "rows", "sae", "live", "label_auc"))
+    started_at_concepts = sae.config_.concepts_fixed or sae.config_.concepts_init
+    best = [CONCEPTS[j] for j in label_auc.argmax(1)]
+    fires = [{CONCEPTS[j] for j in np.flatnonzero(a >= FIRES)} for a in label_auc]
+    top = [normalise(rows[r]["names"][0]["name"]) for r in live]
+    ctrl = [normalise(n) for n in got["control"]]
+    result = {"variant": variant, "sae": str(sae_dir), "seconds": round(got["seconds"], 2), "n_images": len(labels),
               "start": "concepts" if started_at_concepts else "random", "fixed_decoder": sae.config_.concepts_fixed,
-              "n_latents": int(z.shape[1]), "live": len(live), "vocabulary": summary["vocabulary"],
+              "n_latents": got["n_latents"], "live": len(live), "vocabulary": summary["vocabulary"],
               "names": _share(top, best, fires), "shuffled_decoder_names": _share(ctrl, best, fires),
               "caption_auc_check": summary["top_name"], "caption_auc_check_shuffled": summary["shuffled_decoder"],
               "caption_auc_agrees": agreement([rows[r]["names"][0]["auc"] for r in live],
