@@ -197,6 +197,17 @@ def test_inspect_sae_names_each_colour_latent_and_checks_it(world, capsys, tmp_p
     assert api == [{k: v for k, v in r.items() if k != "sheet"} for r in rows]
 
 
+def test_describe_as_frame_is_the_same_table(world):
+    pd = pytest.importorskip("pandas")
+    root, store, _ = world
+    sae = SparseAutoencoder.load(root / "sae")
+    rows = sae.describe(store, k=4)  # the default: the list of dicts
+    frame = sae.describe(store, k=4, as_frame=True)
+    assert isinstance(rows, list) and isinstance(frame, pd.DataFrame)
+    assert list(frame.columns) == list(rows[0]) and len(frame) == len(rows)
+    assert frame.to_dict("records") == rows
+
+
 def test_latents_of_names_the_active_latents(world):
     root, store, _ = world
     sae = SparseAutoencoder.load(root / "sae")
@@ -210,6 +221,28 @@ def test_latents_of_names_the_active_latents(world):
     assert got[0]["value"] == pytest.approx(float(z.max()))
     # an image file goes through the store's encoder: the same latents as its stored embedding
     assert [a["latent"] for a in sae.latents_of(str(root / "img" / "00.png"))] == [a["latent"] for a in got]
+
+
+def test_fit_sae_concepts_init_starts_at_the_concepts_and_trains_them(world, capsys, tmp_path):
+    root = world[0]
+    (tmp_path / "colors.txt").write_text("red\ngreen\nblue\n", encoding="utf-8")
+    base = ["fit", "sae", "--store", str(root / "store"), "--k", "1", "--aux-k", "0", "--epochs", "3",
+            "--batch-size", "12", "--lr", "1e-2", "--json"]
+    concepts = ["--concepts", str(tmp_path / "colors.txt"), "--encoder", f"tiny:{root / 'model'}"]
+    rc, res, err = _run([*base, *concepts, "--concepts-init", "--out", str(tmp_path / "start")], capsys)
+    assert rc == 0, err
+    assert res["n_latents"] == 3
+    sae = SparseAutoencoder.load(tmp_path / "start")
+    assert sae.config_.concepts_init and not sae.config_.concepts_fixed
+    # The CG-SAE of the same file keeps its rows where this one started; training moved them, not far.
+    rc, _, err = _run([*base, *concepts, "--out", str(tmp_path / "cg")], capsys)
+    assert rc == 0, err
+    cg = SparseAutoencoder.load(tmp_path / "cg")
+    assert cg.config_.concepts_fixed and not cg.config_.concepts_init
+    w, w0 = sae.model_.W_D.detach(), cg.model_.W_D.detach()
+    assert not torch.allclose(w, w0) and (torch.nn.functional.cosine_similarity(w, w0, dim=1) > 0.5).all()
+    rc, _, err = _run([*base, "--concepts-init", "--out", str(tmp_path / "none")], capsys)
+    assert rc == 2 and "--concepts-init needs --concepts" in err and len(err.strip().splitlines()) == 1
 
 
 def test_inspect_sae_bad_input_is_one_line_exit_2(world, capsys, tmp_path):

@@ -10,6 +10,7 @@ embeddings (color, size); an SAE and TEVI on the image-caption pairs; a second T
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -807,6 +808,37 @@ def test_latents_listed_named_and_found(client, state, world):
     assert [h["file"] for h in one["hits"]] == [f"img{i:02d}.png" for i in by_freq[0]["top_images"]]
     dead = next(r for r in range(coll.tevi.sae_.model_.W_D.shape[0]) if r not in {w["latent"] for w in want})
     assert "not a live latent" in _error(client.get(f"/api/latents/store/{dead}"), 404)
+
+
+def test_latents_of_an_sae_served_without_tevi(world, capsys):
+    """`vlctl serve STORE --sae DIR`: the Latents tab for a user with only `vlctl fit sae`."""
+    from fastapi.testclient import TestClient
+
+    from vlctl.cli import main
+    from vlctl.cli.serve import build_state, serve_args
+    from vlctl.methods.sae.model import SparseAutoencoder
+    from vlctl.serve.app import create_app
+
+    p = argparse.ArgumentParser()
+    serve_args(p)
+    state = build_state(p.parse_args([str(world["store"]), "--sae", str(world["tevi"] / "sae")]))
+    coll = state.collections["store"]
+    assert coll.tevi is None and coll.sae is not None
+    c = TestClient(create_app(state))
+    info = c.get("/api/info").json()["collections"][0]
+    assert info["sae"] and not info["tevi"]
+    job = _wait(c, c.post("/api/latents", json={"collection": "store"}).json())
+    assert job["status"] == "done", job
+    want = [r for r in SparseAutoencoder.load(world["tevi"] / "sae").describe(coll.store, k=16) if r["live"]]
+    listed = c.get("/api/latents/store?limit=200").json()
+    assert listed["total"] == len(want) > 0
+    assert sorted(r["latent"] for r in listed["latents"]) == [r["latent"] for r in want]
+    assert {r["latent"]: r["names"] for r in listed["latents"]} == {r["latent"]: r["names"] for r in want}
+    # one SAE per page: a TEVI model brings its own
+    assert main(["serve", str(world["store"]), "--tevi", str(world["tevi"]), "--sae", str(world["tevi"] / "sae"),
+                 "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--sae goes without --tevi" in err and err.count("\n") == 1
 
 
 def test_latents_refused_without_an_sae(world):

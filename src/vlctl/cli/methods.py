@@ -63,7 +63,10 @@ def fit_sae(args: argparse.Namespace) -> dict:
 
         with torch.no_grad():
             concepts = encoder.encode_texts(encoder.tokenize(lines)).numpy()
-        sae = SparseAutoencoder.from_concepts(concepts, config=cfg, progress=True)
+        # --concepts-init: the rows start at the concepts and train (TEVI's learned SAE); else fixed (a CG-SAE)
+        sae = SparseAutoencoder.from_concepts(concepts, config=cfg, fixed=not cfg.concepts_init, progress=True)
+    elif cfg.concepts_init:
+        raise VlctlError("--concepts-init needs --concepts: the concepts the decoder rows start at")
     else:
         sae = SparseAutoencoder(cfg, progress=True)
     sae.fit(cache)
@@ -149,7 +152,8 @@ def fit_sae_args(p: argparse.ArgumentParser) -> None:
                    help="SAE directory to write (sae.safetensors + config.json)")
     add_output_args(p)
     p.add_argument("--concepts", type=in_path("concepts file", "file"),
-                   help="CG-SAE: text file, one concept per line; decoder rows fixed to their embeddings")
+                   help="CG-SAE: text file, one concept per line; decoder rows fixed to their embeddings "
+                   "(with --concepts-init: started there, then trained)")
     p.add_argument("--encoder", type=text_arg("spec"),
                    help="the store's encoder spec (tiny:DIR, open_clip:..., hf:...; needed with --concepts)")
     add_config_args(p, TopKSAEConfig, exclude=(*SAE_DATA_FIELDS, "concepts_fixed"))

@@ -17,7 +17,7 @@ from vlctl.config import add_config_args, config_from_args
 from vlctl.fsops import VlctlError
 
 DEMO_DIR = "runs/demo"  # where `make demo` writes
-STATE_ARGS = ("store", "demo", "demo_dir", "controlembed", "tevi", "encoder", "data", "tuned", "reports")
+STATE_ARGS = ("store", "demo", "demo_dir", "controlembed", "tevi", "sae", "encoder", "data", "tuned", "reports")
 
 
 def serve_args(p: argparse.ArgumentParser) -> None:
@@ -34,6 +34,8 @@ def serve_args(p: argparse.ArgumentParser) -> None:
                    help="a ControlEmbed model fitted on the store's encoder: the Steer and Clusters tabs")
     p.add_argument("--tevi", default=None, type=in_path("TEVI directory", "dir"),
                    help="a TEVI model fitted on the store's encoder: the TEVI rerank in the Steer tab")
+    p.add_argument("--sae", default=None, type=in_path("SAE directory", "dir"),
+                   help="an SAE fitted on the store's encoder (vlctl fit sae), without TEVI: the Latents tab")
     p.add_argument("--encoder", default=None, type=text_arg("spec"),
                    help="encoder spec for text and image queries (default: the one the store records)")
     p.add_argument("--data", default=None, type=in_path("dataset directory", "dir"),
@@ -55,9 +57,9 @@ def build_state(args: argparse.Namespace):
     if args.demo_dir is not None and not args.demo:
         raise VlctlError("serve: --demo-dir goes with --demo")
     if args.demo:
-        if any(getattr(args, f) is not None for f in ("controlembed", "tevi", "encoder", "data", "tuned", "reports")):
-            raise VlctlError("serve --demo: the demo brings its own models; --controlembed, --tevi, --encoder, --data, "
-                             "--tuned and --reports go with a STORE")
+        if any(getattr(args, f) is not None for f in ("controlembed", "tevi", "sae", "encoder", "data", "tuned", "reports")):
+            raise VlctlError("serve --demo: the demo brings its own models; --controlembed, --tevi, --sae, --encoder, "
+                             "--data, --tuned and --reports go with a STORE")
         demo_dir = args.demo_dir
         if demo_dir is None:  # the default is checked here, not by the parser: it only matters with --demo
             demo_dir = Path(DEMO_DIR)
@@ -66,7 +68,7 @@ def build_state(args: argparse.Namespace):
                                  "or name the directory it wrote)")
         return demo_state(demo_dir)
     return state_for_store(args.store, controlembed=args.controlembed, tevi=args.tevi, encoder=args.encoder,
-                           data=args.data, tuned=args.tuned, reports=args.reports)
+                           data=args.data, tuned=args.tuned, reports=args.reports, sae=args.sae)
 
 
 def state_from_fields(fields: dict):

@@ -1,6 +1,6 @@
 """The Latents tab of `vlctl serve`: what the served SAE learned (issue 46).
 
-The SAE is the one the collection's TEVI model conditions (`Collection.sae`). Its table of latents
+The SAE is the collection's (`Collection.sae`): `--sae`'s, or the one its TEVI model conditions. Its table of latents
 is `SparseAutoencoder.describe` over the collection's store (names with their cosine and margin,
 activation frequency, top images), computed once per collection, on a background job (a large
 store takes minutes), and kept in `Collection.latents`; the listing and a latent's top images are
@@ -24,8 +24,8 @@ LISTED_IMAGES = 6  # top images per latent in the listing (all TOP_IMAGES when o
 
 def _sae(coll: Collection) -> Any:
     if coll.sae is None:
-        raise VlctlError(f"collection {coll.name!r}: no SAE is loaded (serve it with --tevi: the TEVI model's SAE "
-                         "is the one shown)")
+        raise VlctlError(f"collection {coll.name!r}: no SAE is loaded (serve it with --sae, or with --tevi: the TEVI "
+                         "model's SAE is the one shown)")
     return coll.sae
 
 

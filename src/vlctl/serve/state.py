@@ -71,7 +71,8 @@ class Collection:
     pixels: row -> uint8 (H, W, 3) (None: the store names no images, so no thumbnails);
     labels: row -> the text shown under its thumbnail (caption or attribute values), or None;
     files: row -> the path of its image file as the store records it (None: rows are no files);
-    controlembed / tevi: fitted on the store's encoder (checked by `check`);
+    controlembed / tevi / sae: fitted on the store's encoder (checked by `check`); sae, the SAE of
+    the Latents tab, is the TEVI model's when not given;
     pixelated: small synthetic images, upscaled with nearest-neighbour.
     """
 
@@ -86,8 +87,11 @@ class Collection:
     description: str = ""
     subclass_names: dict[str, list[str]] | None = None
     files: Callable[[int], str | None] | None = None
+    sae: Any = None
 
     def __post_init__(self) -> None:
+        if self.sae is None:
+            self.sae = getattr(self.tevi, "sae_", None)
         self.lock = threading.Lock()
         self.thumbs = _LRU(4096)
         self.latents: dict = {}  # the SAE's names and description, computed once (`vlctl.serve.latents`)
@@ -105,7 +109,7 @@ class Collection:
         if self.encoder is not None and self.encoder.id != sid:
             raise VlctlError(f"{self.store.path}: store was built with encoder {sid!r}, the served encoder is "
                              f"{self.encoder.id!r}")
-        for what, model in (("ControlEmbed", self.controlembed), ("TEVI", self.tevi)):
+        for what, model in (("ControlEmbed", self.controlembed), ("TEVI", self.tevi), ("SAE", self.sae)):
             if model is not None and model.encoder_id_ != sid:
                 raise VlctlError(f"{self.store.path}: the {what} model was fitted on encoder {model.encoder_id_!r}, "
                                  f"the store's embeddings come from {sid!r}")
@@ -163,11 +167,6 @@ class Collection:
     def hit(self, row: int, score: float | None = None) -> dict:
         """The row as the page shows it: id, score, label (its caption), file (its name) and path."""
         return {"id": row, "score": score, "label": self.label(row), **file_fields(self.files, row)}
-
-    @property
-    def sae(self) -> Any:
-        """The fitted SAE served with this store: the TEVI model's (None without one)."""
-        return getattr(self.tevi, "sae_", None)
 
     # -- queries -----------------------------------------------------------------------------
     def _need_encoder(self) -> Any:
@@ -416,13 +415,16 @@ def find_reports(root: str | Path) -> dict[str, Report]:
 
 def state_for_store(store: str | Path, *, controlembed: str | Path | None = None, tevi: str | Path | None = None,
                     encoder: str | None = None, data: str | Path | None = None, tuned: str | Path | None = None,
-                    reports: str | Path | None = None, max_pixels: int = 89_478_485) -> ServeState:
+                    reports: str | Path | None = None, max_pixels: int = 89_478_485,
+                    sae: str | Path | None = None) -> ServeState:
     """The state of `vlctl serve STORE`: one collection (named after the store's directory), its
     encoder (`encoder` or the spec the store records), the given models, an explain set over its
     images when the encoder has a ViT tower (`tuned`: a second TinyCLIP to compare), `reports`."""
     from vlctl.embeddings.store import open_store
     from vlctl.encoders.factory import create
 
+    if sae is not None and tevi is not None:  # a TEVI steer names the latents of its own SAE: one SAE per page
+        raise VlctlError("serve: --sae goes without --tevi (the TEVI model's SAE is the one shown)")
     st = open_store(store)
     spec = encoder or st.encoder_spec
     enc = create(spec) if spec else None
@@ -437,11 +439,15 @@ def state_for_store(store: str | Path, *, controlembed: str | Path | None = None
         from vlctl.methods.tevi.estimator import TEVI
 
         tv = TEVI.load(tevi, encoder_id=st.encoder_id)
+    if sae is not None:  # the Latents tab without TEVI
+        from vlctl.methods.sae.model import SparseAutoencoder
+
+        sae = SparseAutoencoder.load(sae, encoder_id=st.encoder_id)
     pixels, labels = store_pixels(st, data, max_pixels) if len(st) else (None, None)
     name = Path(store).resolve().name or "store"
     files = store_files(st)
     coll = Collection(name, st, enc, pixels, labels, ce, tv, description=f"{len(st)} images, encoder {st.encoder_id}",
-                      files=files)
+                      files=files, sae=sae)
     explain = None
     if enc is not None and pixels is not None:
         from vlctl.methods.threevl.relevancy import patch_geometry

@@ -466,11 +466,12 @@ class SparseAutoencoder(Estimator):
     # -- what the latents mean (vlctl.methods.sae.describe; `vlctl inspect sae`)
 
     def describe(self, store: Any, vocabulary: Any = None, k: int = 16, *, n_names: int = 5, encoder: Any = None,
-                 as_frame: bool | None = None):
+                 as_frame: bool = False):
         """Every latent named with text and shown with its top images: one dict per latent (latent,
         live, frequency, mean_activation, names [{name, cosine, margin, auc}], top_images,
-        top_values), as `vlctl inspect sae` writes latents.jsonl; a pandas DataFrame when pandas is
-        installed (as_frame=None) or as_frame=True.
+        top_values), as `vlctl inspect sae` writes latents.jsonl; with as_frame=True a pandas
+        DataFrame of those rows (as sklearn's fetch_* functions: explicit, so the type returned never
+        depends on what is installed).
 
         store: a vlctl store of this SAE's encoder; its images are encoded in chunks, its captions
         give the vocabulary and the AUC check. vocabulary: more names (a list, or a file with one a
@@ -480,21 +481,18 @@ class SparseAutoencoder(Estimator):
         from vlctl.methods.sae.describe import describe_store, read_vocabulary, store_encoder
 
         model = self._check_fitted()
+        if as_frame:  # refused before the work, not after it
+            try:
+                import pandas as pd
+            except ImportError:
+                raise VlctlError("describe(as_frame=True) needs pandas (pip install pandas)") from None
         extra = read_vocabulary(vocabulary) if isinstance(vocabulary, (str, Path)) else list(vocabulary or ())
         encoder = store_encoder(store, encoder)
         desc = describe_store(model, self.encoder_id_, store, extra, encoder, k, n_names,
                               progress=self.progress)
         self.description_, self._encoder = desc, encoder
         self.latent_names_ = [r["names"][0]["name"] if r["names"] else None for r in desc.rows]
-        if as_frame is False:
-            return desc.rows
-        try:
-            import pandas as pd
-        except ImportError:
-            if as_frame:
-                raise VlctlError("describe(as_frame=True) needs pandas (pip install pandas)") from None
-            return desc.rows
-        return pd.DataFrame(desc.rows)
+        return pd.DataFrame(desc.rows) if as_frame else desc.rows
 
     def latents_of(self, image: Any) -> list[dict]:
         """The latents active in one image, largest first: [{latent, value, name}]. `image` is an embedding
