@@ -29,7 +29,6 @@ Statistics, targets, figure, arrays/README.md and report.md: vlctl.recipes.three
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import time
 from pathlib import Path
 
@@ -244,41 +243,13 @@ def checked_tree(tree: list[dict], objects: list[dict]) -> tuple[list[dict], dic
     return out, stats
 
 
-class _PosOverride:
-    """spaCy pipeline wrapper: after tagging, every word in `table` gets its (POS, TAG)."""
-
-    def __init__(self, nlp, table: dict[str, tuple[str, str]]):
-        self.nlp, self.table = nlp, table
-
-    def _fix(self, doc):
-        for tok in doc:
-            hit = self.table.get(tok.lower_)
-            if hit is not None:
-                tok.pos_, tok.tag_ = hit
-        return doc
-
-    def __call__(self, text: str):
-        return self._fix(self.nlp(text))
-
-    def pipe(self, texts, **kw):
-        for doc in self.nlp.pipe(texts, **kw):
-            yield self._fix(doc)
-
-
 def scene_tree_generator(seed: int):
-    """TreeGenerator with the scenes' opposites, vocabulary and the grammar's POS tags
-    (`pos_overrides` when methods.trees has it, else a wrapper around its spaCy pipeline);
-    without WordNet."""
+    """TreeGenerator with the scenes' opposites, vocabulary and the grammar's POS tags, without WordNet."""
     from vlctl.captions.trees import TreeGenerator
 
     # The opposites table covers every scene word, so WordNet (slow to load) adds nothing in vocabulary.
-    kw = {"seed": seed, "opposites": SCENE_OPPOSITES, "vocabulary": set(vocabulary()), "use_wordnet": False}
-    if "pos_overrides" in inspect.signature(TreeGenerator.__init__).parameters:
-        return TreeGenerator(**kw, pos_overrides={w: p for w, (p, _) in SCENE_POS.items()})
-    gen = TreeGenerator(**kw)
-    gen._prepare()
-    gen.nlp_ = _PosOverride(gen.nlp_, SCENE_POS)
-    return gen
+    return TreeGenerator(seed=seed, opposites=SCENE_OPPOSITES, vocabulary=set(vocabulary()), use_wordnet=False,
+                         pos_overrides={w: p for w, (p, _) in SCENE_POS.items()})
 
 
 # --- extra checklist categories ------------------------------------------------------------------
@@ -521,8 +492,8 @@ def stage_keys(cfg: ThreeVLLitRecipe) -> dict:
                    "scenes": config_to_dict(ScenesConfig())}
     from vlctl.captions import trees
 
-    # The generator's version and how the POS overrides reach it (its keyword, or our spaCy wrapper).
-    via = "pos_overrides" if "pos_overrides" in inspect.signature(trees.TreeGenerator.__init__).parameters else "wrap"
+    # "pos_via": how the POS overrides reach the generator (a cache-key literal: its keyword, since it has one)
+    via = "pos_overrides"
     # "generator": a cache-key literal (the module's name when the key was made), kept so cached trees stay found
     trees_key = {"data": ft_data_key, "vocabulary": list(vocabulary()), "pos": sorted(SCENE_POS.items()),
                  "generator": "vlctl.methods.trees+checked", "generator_version": trees.GENERATOR_VERSION,
