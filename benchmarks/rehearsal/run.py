@@ -1,0 +1,206 @@
+"""The scale rehearsal (issue 45): each real recipe end to end on the synthetic datasets of
+make_datasets.py, with a random-weight tiny OpenCLIP (`open_clip:vlctl-tiny-vit`: the forward is
+cheap, everything else is what a real run does), at two sizes; per stage its wall time, CPU time,
+peak RSS, bytes written and items/s, the longest silence on stderr, and the growth of every stage
+from one size to the other. `make bench-scale` (not `make test`).
+
+    nice -n 19 .venv/bin/python benchmarks/rehearsal/run.py --datasets /work/rehearsal/s0.1 \\
+        --runs /work/rehearsal/runs --json benchmarks/scale_rehearsal.json [--recipes tevi-coco ...]
+
+Each recipe runs as its own `vlctl reproduce` process, the `--quick` preset with REHEARSAL's
+overrides (training epochs kept few: the rehearsal measures how stages grow with the data, not the
+models). Runs are added to --json under "<recipe>@<scale>"; "growth" compares the two scales of a
+recipe (seconds at the larger / seconds at the smaller, per stage, beside the item ratio: about 10
+for linear, at most 12 for n log n).
+
+`--kill STAGE` SIGKILLs the run once STAGE has run `--kill-after` seconds, reruns the same
+command, and records whether results.json (its timings aside) equals the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ENCODER = "open_clip:vlctl-tiny-vit"
+RECIPES = ("controlembed-shotbench", "controlembed-stanford40", "controlembed-clevr4", "tevi-coco", "3vl-coco")
+# Over each recipe's --quick preset.
+REHEARSAL = {
+    "tevi-coco": {"sae_epochs": 2, "mask_epochs": 1, "sweep_k": [16], "sweep_expansion": [8], "sweep_epochs": 1},
+    "3vl-coco": {"epochs": 1, "max_train_captions": 0},
+}
+
+
+def _items(recipe: str, counts: dict) -> dict[str, int]:
+    """The data rows each stage works through (what the growth law is read against)."""
+    if recipe == "tevi-coco":
+        c = counts["coco"]
+        n_test = c["test"] + counts["flickr"]["test"] + counts["docci"]["test"] + counts["iiw"]["test"]
+        return {"data": c["train"], "embed-train": c["train"], "sae": c["train"], "tevi": 5 * c["train"],
+                "sae-sweep": c["train"], "embed-coco": c["test"], "embed-flickr": counts["flickr"]["test"],
+                "embed-docci": counts["docci"]["test"], "embed-iiw": counts["iiw"]["test"], "embed-rococo": c["test"],
+                "evaluate": n_test}
+    if recipe == "3vl-coco":
+        n_train = 5 * counts["coco"]["train"]
+        comp = counts["compositional"]
+        n_bench = 3 * comp["vl_checklist_per_file"] + comp["aro_relation"] + comp["aro_attribution"] + sum(
+            v for k, v in comp.items() if k.startswith("sugarcrepe_"))
+        return {"trees": n_train, "finetune-contrastive": n_train, "finetune-negclip": n_train,
+                "finetune-tree": n_train, "evaluate": n_bench + counts["coco"]["test"]}
+    if recipe == "controlembed-clevr4":
+        fit, ev = counts["clevr4"]["train"], counts["clevr4"]["test"]
+    elif recipe == "controlembed-stanford40":
+        s = counts["stanford40"]
+        fit, ev = s["actions"] * s["train_per_action"], s["actions"] * s["test_per_action"]
+    else:
+        n = counts["shotbench"]["images"]
+        fit, ev = n - n // 2, n // 2
+    return {"data": fit + ev, "embed-fit": fit, "embed-eval": ev, "fit": fit, "evaluate": ev}
+
+
+def _counts(datasets: dict) -> dict:
+    return {k: v["counts"] for k, v in datasets["datasets"].items()}
+
+
+def flags(recipe: str, datasets: dict) -> list[str]:
+    return [f for d in datasets["datasets"].values() for f in d["flags"].get(recipe, [])]
+
+
+def run_once(argv: list[str], kill: tuple[str, float] | None = None) -> dict:
+    """Run `vlctl reproduce ...` as a child; its exit code, wall and CPU seconds, peak RSS, longest
+    gap between stderr lines (and the line after it), and whether it was killed as `kill` asked."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "VLCTL_TERMINAL": "0"}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "vlctl", *argv], stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    last, gap, gap_line, lines, killed = time.perf_counter(), 0.0, "", [], [False]
+    timer = None
+
+    def killer():
+        killed[0] = True
+        os.killpg(proc.pid, signal.SIGKILL)
+
+    for line in proc.stderr:
+        now = time.perf_counter()
+        if now - last > gap:
+            gap, gap_line = now - last, line.strip()
+        last = now
+        lines.append(line)
+        if kill and timer is None and f"stage {kill[0]}: started" in line:
+            timer = threading.Timer(kill[1], killer)
+            timer.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    if timer is not None:
+        timer.cancel()
+    return {"rc": os.waitstatus_to_exitcode(status), "seconds": round(time.perf_counter() - t0, 1),
+            "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_bytes": usage.ru_maxrss * 1024,
+            "longest_silence_s": round(gap, 1), "line_after_longest_silence": gap_line, "killed": killed[0],
+            "stderr_tail": "".join(lines[-5:])}
+
+
+def _plain(results: dict) -> dict:
+    """results.json without what differs between equal runs (timings, seconds)."""
+    drop = {"timings", "timing", "seconds", "seconds_exhaustive", "seconds_rerank", "samples_per_s", "steps_per_s",
+            "resumed", "fit"}
+    if isinstance(results, dict):
+        return {k: _plain(v) for k, v in results.items() if k not in drop}
+    if isinstance(results, list):
+        return [_plain(v) for v in results]
+    return results
+
+
+def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | None) -> dict:
+    scale = datasets["scale"]
+    out = runs / f"s{scale}" / recipe
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = out.parent / f"{recipe}.json"
+    cfg.write_text(json.dumps(REHEARSAL.get(recipe, {})))
+    argv = ["reproduce", recipe, "--quick", "--encoder", ENCODER, *flags(recipe, datasets), "--out", str(out),
+            "--recipe-config", str(cfg), "--force"]
+    print(f"{recipe} @ {scale}: {' '.join(argv)}", flush=True)
+    proc = run_once(argv)
+    if proc["rc"] != 0:
+        print(proc["stderr_tail"], flush=True)
+        return {"scale": scale, "process": proc}
+    results = json.loads((out / "results.json").read_text())
+    items = _items(recipe, _counts(datasets))
+    stages = {}
+    for name, t in results["timings"].items():
+        if isinstance(t, dict):
+            n = items.get(name)
+            stages[name] = {**{k: (round(v, 3) if isinstance(v, float) else v) for k, v in t.items()},
+                            "items": n, "items_per_s": round(n / t["seconds"], 1) if n and t["seconds"] else None}
+    entry = {"scale": scale, "process": proc, "stages": stages, "total_seconds": round(results["timings"]["total_seconds"], 1),
+             "disk_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())}
+    if kill:
+        # The same command, killed in the middle of `kill[0]`, then rerun: it must resume and end equal.
+        killed = out.with_name(out.name + "-killed")
+        shutil.rmtree(killed, ignore_errors=True)  # the rehearsal's own earlier run
+        argv_k = [*argv[:argv.index("--out") + 1], str(killed), *argv[argv.index("--out") + 2:-1]]  # no --force
+        first = run_once(argv_k, kill)
+        second = run_once(argv_k)
+        same = (second["rc"] == 0 and _plain(json.loads((killed / "results.json").read_text())) == _plain(results))
+        entry["kill"] = {"stage": kill[0], "after_s": kill[1], "killed": first["killed"], "rerun_rc": second["rc"],
+                         "rerun_seconds": second["seconds"], "same_results": same,
+                         "resumed_line": [ln for ln in second["stderr_tail"].splitlines() if "resum" in ln]}
+    return entry
+
+
+def growth(doc: dict) -> dict:
+    """Per recipe, per stage: seconds at the larger scale / seconds at the smaller, and the item ratio."""
+    out = {}
+    for recipe in RECIPES:
+        runs = sorted((v for k, v in doc["runs"].items() if k.startswith(recipe + "@") and "stages" in v),
+                      key=lambda v: v["scale"])
+        if len(runs) < 2:
+            continue
+        small, big = runs[0], runs[-1]
+        out[recipe] = {"scales": [small["scale"], big["scale"]], "total": round(big["total_seconds"] / max(
+            small["total_seconds"], 1e-9), 2)}
+        for name, b in big["stages"].items():
+            s = small["stages"].get(name)
+            if s and s["seconds"] > 0:
+                out[recipe][name] = {"time_ratio": round(b["seconds"] / s["seconds"], 2),
+                                     "item_ratio": round(b["items"] / s["items"], 2) if b.get("items") and s.get(
+                                         "items") else None,
+                                     "rss_ratio": round(b["peak_rss_bytes"] / s["peak_rss_bytes"], 2)}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--datasets", type=Path, required=True, help="a make_datasets.py output (datasets.json)")
+    ap.add_argument("--runs", type=Path, required=True, help="where the runs go (not the repository)")
+    ap.add_argument("--json", type=Path, default=REPO / "benchmarks" / "scale_rehearsal.json")
+    ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES))
+    ap.add_argument("--kill", metavar="STAGE", help="also kill the run in STAGE and check that it resumes equal")
+    ap.add_argument("--kill-after", type=float, default=20.0, help="seconds into STAGE (default 20)")
+    args = ap.parse_args()
+    datasets = json.loads((args.datasets / "datasets.json").read_text())
+    doc = json.loads(args.json.read_text()) if args.json.is_file() else {"runs": {}}
+    doc["machine"] = f"{os.cpu_count()} CPUs (shared), torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}"
+    doc["generation"] = {**doc.get("generation", {}), str(datasets["scale"]): {
+        k: {"counts": v["counts"], "seconds": v["seconds"]} for k, v in datasets["datasets"].items()}}
+    for recipe in args.recipes:
+        entry = rehearse(recipe, datasets, args.runs, (args.kill, args.kill_after) if args.kill else None)
+        doc["runs"][f"{recipe}@{datasets['scale']}"] = entry
+        doc["growth"] = growth(doc)
+        tmp = args.json.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        tmp.replace(args.json)
+        print(json.dumps({k: entry.get(k) for k in ("total_seconds", "disk_bytes")} | {
+            "peak_rss_GiB": round(entry["process"]["peak_rss_bytes"] / 2**30, 2),
+            "silence_s": entry["process"]["longest_silence_s"]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
