@@ -40,42 +40,27 @@ REHEARSAL = {
 }
 
 
-def _items(recipe: str, counts: dict) -> dict[str, int]:
-    """The data rows each stage works through (what the growth law is read against)."""
-    if recipe == "tevi-coco":
-        c = counts["coco"]
-        n_test = c["test"] + counts["flickr"]["test"] + counts["docci"]["test"] + counts["iiw"]["test"]
-        return {"data": c["train"], "embed-train": c["train"], "sae": c["train"], "tevi": 5 * c["train"],
-                "sae-sweep": c["train"], "embed-coco": c["test"], "embed-flickr": counts["flickr"]["test"],
-                "embed-docci": counts["docci"]["test"], "embed-iiw": counts["iiw"]["test"], "embed-rococo": c["test"],
-                "evaluate": n_test}
-    if recipe == "3vl-coco":
-        n_train = 5 * counts["coco"]["train"]
-        comp = counts["compositional"]
-        n_bench = 3 * comp["vl_checklist_per_file"] + comp["aro_relation"] + comp["aro_attribution"] + sum(
-            v for k, v in comp.items() if k.startswith("sugarcrepe_"))
-        return {"trees": n_train, "finetune-contrastive": n_train, "finetune-negclip": n_train,
-                "finetune-tree": n_train, "evaluate": n_bench + counts["coco"]["test"]}
-    if recipe == "controlembed-clevr4":
-        fit, ev = counts["clevr4"]["train"], counts["clevr4"]["test"]
-    elif recipe == "controlembed-stanford40":
-        s = counts["stanford40"]
-        fit, ev = s["actions"] * s["train_per_action"], s["actions"] * s["test_per_action"]
-    else:
-        n = counts["shotbench"]["images"]
-        fit, ev = n - n // 2, n // 2
-    return {"data": fit + ev, "embed-fit": fit, "embed-eval": ev, "fit": fit, "evaluate": ev}
+def work_of(recipe: str, results: dict) -> dict[str, float]:
+    """Each stage's work units as `vlctl reproduce --plan` counts them, from the run's config and data
+    flags (results.json) and the annotation files they name."""
+    import importlib
 
+    from vlctl.config import config_from_dict
+    from vlctl.recipes import RECIPES
+    from vlctl.recipes.plan import dataset_counts, stage_work
+    from vlctl.recipes.real_data import REAL_RECIPES
 
-def _counts(datasets: dict) -> dict:
-    return {k: v["counts"] for k, v in datasets["datasets"].items()}
+    module = importlib.import_module(RECIPES[recipe].split(":")[0])
+    cfg = config_from_dict(type(module.load_preset(True)), results["config"])
+    data = config_from_dict(REAL_RECIPES[recipe][0], {k: v for k, v in results["data"].items() if v is not None})
+    return stage_work(recipe, cfg, dataset_counts(recipe, data))
 
 
 def flags(recipe: str, datasets: dict) -> list[str]:
     return [f for d in datasets["datasets"].values() for f in d["flags"].get(recipe, [])]
 
 
-def run_once(argv: list[str], kill: tuple[str, float] | None = None) -> dict:
+def run_once(argv: list[str], log: Path, kill: tuple[str, float] | None = None) -> dict:
     """Run `vlctl reproduce ...` as a child; its exit code, wall and CPU seconds, peak RSS, longest
     gap between stderr lines (and the line after it), and whether it was killed as `kill` asked."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "VLCTL_TERMINAL": "0"}
@@ -89,7 +74,10 @@ def run_once(argv: list[str], kill: tuple[str, float] | None = None) -> dict:
         killed[0] = True
         os.killpg(proc.pid, signal.SIGKILL)
 
+    logf = open(log, "a")  # noqa: SIM115 (closed below, after the child ends)
     for line in proc.stderr:
+        logf.write(line)
+        logf.flush()
         now = time.perf_counter()
         if now - last > gap:
             gap, gap_line = now - last, line.strip()
@@ -99,6 +87,7 @@ def run_once(argv: list[str], kill: tuple[str, float] | None = None) -> dict:
             timer = threading.Timer(kill[1], killer)
             timer.start()
     _, status, usage = os.wait4(proc.pid, 0)
+    logf.close()
     if timer is not None:
         timer.cancel()
     return {"rc": os.waitstatus_to_exitcode(status), "seconds": round(time.perf_counter() - t0, 1),
@@ -127,18 +116,20 @@ def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | 
     argv = ["reproduce", recipe, "--quick", "--encoder", ENCODER, *flags(recipe, datasets), "--out", str(out),
             "--recipe-config", str(cfg), "--force"]
     print(f"{recipe} @ {scale}: {' '.join(argv)}", flush=True)
-    proc = run_once(argv)
+    log = out.with_suffix(".log")
+    log.unlink(missing_ok=True)
+    proc = run_once(argv, log)
     if proc["rc"] != 0:
         print(proc["stderr_tail"], flush=True)
         return {"scale": scale, "process": proc}
     results = json.loads((out / "results.json").read_text())
-    items = _items(recipe, _counts(datasets))
+    work = work_of(recipe, results)
     stages = {}
     for name, t in results["timings"].items():
         if isinstance(t, dict):
-            n = items.get(name)
+            n = work.get(name)
             stages[name] = {**{k: (round(v, 3) if isinstance(v, float) else v) for k, v in t.items()},
-                            "items": n, "items_per_s": round(n / t["seconds"], 1) if n and t["seconds"] else None}
+                            "work": n, "work_per_s": round(n / t["seconds"], 1) if n and t["seconds"] else None}
     entry = {"scale": scale, "process": proc, "stages": stages, "total_seconds": round(results["timings"]["total_seconds"], 1),
              "disk_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())}
     if kill:
@@ -146,8 +137,8 @@ def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | 
         killed = out.with_name(out.name + "-killed")
         shutil.rmtree(killed, ignore_errors=True)  # the rehearsal's own earlier run
         argv_k = [*argv[:argv.index("--out") + 1], str(killed), *argv[argv.index("--out") + 2:-1]]  # no --force
-        first = run_once(argv_k, kill)
-        second = run_once(argv_k)
+        first = run_once(argv_k, log, kill)
+        second = run_once(argv_k, log)
         same = (second["rc"] == 0 and _plain(json.loads((killed / "results.json").read_text())) == _plain(results))
         entry["kill"] = {"stage": kill[0], "after_s": kill[1], "killed": first["killed"], "rerun_rc": second["rc"],
                          "rerun_seconds": second["seconds"], "same_results": same,
@@ -170,10 +161,25 @@ def growth(doc: dict) -> dict:
             s = small["stages"].get(name)
             if s and s["seconds"] > 0:
                 out[recipe][name] = {"time_ratio": round(b["seconds"] / s["seconds"], 2),
-                                     "item_ratio": round(b["items"] / s["items"], 2) if b.get("items") and s.get(
-                                         "items") else None,
+                                     "cpu_ratio": round(b["cpu_seconds"] / max(s["cpu_seconds"], 1e-3), 2),
+                                     "work_ratio": round(b["work"] / s["work"], 2) if b.get("work") and s.get(
+                                         "work") else None,
                                      "rss_ratio": round(b["peak_rss_bytes"] / s["peak_rss_bytes"], 2)}
     return out
+
+
+def write_rates(doc: dict, path: Path) -> None:
+    """The per-stage rates `vlctl reproduce --plan` reads, fitted through each recipe's two scales."""
+    from vlctl.recipes.plan import fit_rates
+
+    rates = {}
+    for recipe in RECIPES:
+        runs = sorted((v for k, v in doc["runs"].items() if k.startswith(recipe + "@") and "stages" in v),
+                      key=lambda v: v["scale"])
+        if len(runs) >= 2:
+            rates[recipe] = fit_rates(runs[0]["stages"], runs[-1]["stages"])
+    path.write_text(json.dumps({"source": "benchmarks/scale_rehearsal.json (benchmarks/rehearsal/run.py)",
+                                "machine": doc["machine"], **rates}, indent=1) + "\n")
 
 
 def main() -> None:
@@ -182,6 +188,8 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, required=True, help="where the runs go (not the repository)")
     ap.add_argument("--json", type=Path, default=REPO / "benchmarks" / "scale_rehearsal.json")
     ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES))
+    ap.add_argument("--derive", action="store_true", help="run nothing: recount each recorded run's work from its "
+                    "results.json under --runs, then the growth and the plan's rates")
     ap.add_argument("--kill", metavar="STAGE", help="also kill the run in STAGE and check that it resumes equal")
     ap.add_argument("--kill-after", type=float, default=20.0, help="seconds into STAGE (default 20)")
     args = ap.parse_args()
@@ -190,16 +198,33 @@ def main() -> None:
     doc["machine"] = f"{os.cpu_count()} CPUs (shared), torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}"
     doc["generation"] = {**doc.get("generation", {}), str(datasets["scale"]): {
         k: {"counts": v["counts"], "seconds": v["seconds"]} for k, v in datasets["datasets"].items()}}
+    if args.derive:
+        for key, entry in doc["runs"].items():
+            recipe = key.split("@")[0]
+            res = args.runs / f"s{entry['scale']}" / recipe / "results.json"
+            if "stages" in entry and res.is_file():
+                work = work_of(recipe, json.loads(res.read_text()))
+                for name, st in entry["stages"].items():
+                    st.pop("items", None), st.pop("items_per_s", None)
+                    st["work"] = work.get(name)
+                    st["work_per_s"] = round(st["work"] / st["seconds"], 1) if st["work"] and st["seconds"] else None
+        args.recipes = []
     for recipe in args.recipes:
         entry = rehearse(recipe, datasets, args.runs, (args.kill, args.kill_after) if args.kill else None)
         doc["runs"][f"{recipe}@{datasets['scale']}"] = entry
-        doc["growth"] = growth(doc)
-        tmp = args.json.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        tmp.replace(args.json)
         print(json.dumps({k: entry.get(k) for k in ("total_seconds", "disk_bytes")} | {
             "peak_rss_GiB": round(entry["process"]["peak_rss_bytes"] / 2**30, 2),
             "silence_s": entry["process"]["longest_silence_s"]}), flush=True)
+        save(doc, args.json)
+    save(doc, args.json)
+
+
+def save(doc: dict, path: Path) -> None:
+    doc["growth"] = growth(doc)
+    write_rates(doc, REPO / "src" / "vlctl" / "recipes" / "rehearsal_rates.json")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(path)
 
 
 if __name__ == "__main__":
