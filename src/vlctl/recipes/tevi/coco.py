@@ -95,26 +95,16 @@ def _train_pairs(data: TeviCocoData, work_images: Path | None = None):
     """(image paths, captions, image_of_text, files hashed) of the training pairs."""
     from vlctl.data.loaders.folder import load_caption_table
     from vlctl.data.loaders.retrieval import load_karpathy
-    from vlctl.data.loaders.webdataset import iter_webdataset
+    from vlctl.data.loaders.webdataset import unpack_webdataset
 
     if data.train_shards:
         if work_images is None:
             raise VlctlError("train shards need a directory to unpack into")
-        paths, caps = [], []
-        from vlctl.io import atomic_write_bytes
-
-        for s in iter_webdataset(data.train_shards):
-            if s.image is None or not s.caption:
-                continue  # img2dataset writes failed downloads as samples without an image
-            p = work_images / f"{len(paths):09d}.{s.image_ext or 'jpg'}"
-            if not p.is_file():
-                atomic_write_bytes(p, s.image)
-            paths.append(p)
-            caps.append(s.caption)
+        paths, caps, manifests = unpack_webdataset(data.train_shards, work_images, progress=is_main_rank())
         if not paths:
             raise VlctlError(f"{data.train_shards}: no sample with an image and a caption; expected "
                              "<key>.jpg + <key>.txt per sample (img2dataset's WebDataset output)")
-        return paths, caps, np.arange(len(caps)), []
+        return paths, caps, np.arange(len(caps)), manifests
     if data.train_table:
         table = need_file(data.train_table, flag("train_table"), "table")
         root = need_dir(data.train_table_root, flag("train_table_root"), "table")
