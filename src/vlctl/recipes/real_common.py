@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,6 +45,8 @@ class EncoderRun:
                          choices=("fp32", "bf16", "fp16"))
     batch_size: int = opt(256, "images / captions per forward pass when embedding", ge=1, le=65536)
     workers: int = opt(0, "DataLoader processes decoding images (0 = in the main process)", ge=0, le=256)
+    embed_chunk: int = opt(50_000, "images per saved chunk of an embedding stage: a killed stage resumes after "
+                           "its last saved chunk", ge=1, le=10**9)
 
 
 def is_random(encoder_id: str) -> bool:
@@ -215,19 +218,43 @@ def embed_sharded(encoder: Any, paths: Sequence[Path], texts: Sequence[str], run
 def embed_stage(runner: Any, name: str, lazy: LazyEncoder, key: dict, paths: Sequence[Path], texts: Sequence[str],
                 run: EncoderRun, extra: dict[str, np.ndarray] | Callable[[], dict] | None = None) -> Path:
     """A cached stage holding embeddings.npz (image_emb, text_emb, **extra) and encoder.json.
-    `extra`: more arrays, or a function returning them (called only when the stage is computed)."""
+    `extra`: more arrays, or a function returning them (called only when the stage is computed).
 
-    def compute(work: Path) -> None:
+    The rows are embedded `run.embed_chunk` images (and the same share of the texts) at a time, each
+    chunk saved under the stage's `.partial/checkpoint/` with a state.json naming the chunks done and
+    the encoder id: a stage killed after hours of a CC12M-size embedding resumes at its first chunk
+    not saved (of the same encoder), instead of starting over."""
+
+    def compute(work: Path, resume: bool) -> None:
+        from vlctl.train.distributed import barrier
+
         enc = lazy.get()
-        got = embed_sharded(enc, paths, texts, run, f"stage {name}", work)
-        if got is None:  # a rank other than 0: its shard is in rank 0's hands
+        ck = work / "checkpoint"
+        n_chunks = max(1, -(-len(paths) // run.embed_chunk))
+        per_text = -(-len(texts) // n_chunks)
+        state = read_json(ck / "state.json", "embedding checkpoint") if resume else {}
+        done = state.get("chunks", 0) if state.get("encoder_id") == enc.id and state.get("of") == n_chunks else 0
+        if done:
+            say_main(f"stage {name}: {done} of {n_chunks} chunks embedded before the kill; going on from there")
+        for c in range(done, n_chunks):
+            what = f"stage {name}" + (f" (chunk {c + 1}/{n_chunks})" if n_chunks > 1 else "")
+            got = embed_sharded(enc, paths[c * run.embed_chunk:(c + 1) * run.embed_chunk],
+                                texts[c * per_text:(c + 1) * per_text], run, what, work)
+            if got is not None:  # rank 0 holds the chunk; the others' parts are in it
+                atomic_save_npz(ck / f"chunk-{c:05d}.npz", image_emb=got[0], text_emb=got[1])
+                atomic_write_json(ck / "state.json", {"chunks": c + 1, "of": n_chunks, "encoder_id": enc.id})
+            barrier()
+        if not is_main_rank():
             return
+        parts = [dict(np.load(ck / f"chunk-{c:05d}.npz")) for c in range(n_chunks)]
         more = extra() if callable(extra) else (extra or {})
-        atomic_save_npz(work / "embeddings.npz", image_emb=got[0], text_emb=got[1], **more)
+        atomic_save_npz(work / "embeddings.npz", image_emb=np.concatenate([p["image_emb"] for p in parts]),
+                        text_emb=np.concatenate([p["text_emb"] for p in parts]), **more)
         atomic_write_json(work / "encoder.json", {"encoder_id": enc.id, "spec": lazy.canonical_spec})
+        shutil.rmtree(ck)  # embeddings.npz replaces the chunks
 
     stage = runner.stage(name, {"encoder": lazy.canonical_spec, "precision": run.precision, **key}, compute,
-                         distributed=True)
+                         resumable=True, distributed=True)
     check_stage_encoder(stage, lazy.get().id)
     return stage
 
