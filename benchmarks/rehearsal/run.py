@@ -32,12 +32,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ENCODER = "open_clip:vlctl-tiny-vit"
-RECIPES = ("controlembed-shotbench", "controlembed-stanford40", "controlembed-clevr4", "tevi-coco", "3vl-coco")
+RECIPES = ("controlembed-shotbench", "controlembed-stanford40", "controlembed-clevr4", "tevi-coco", "3vl-coco",
+           "tevi-coco-cc12m")
+# tevi-coco-cc12m: tevi-coco trained on the CC12M-like WebDataset shards (COCO test evaluates);
+# `vlctl reproduce --plan` reads its rates when --train-shards is given.
 # Over each recipe's --quick preset.
 REHEARSAL = {
     "tevi-coco": {"sae_epochs": 2, "mask_epochs": 1, "sweep_k": [16], "sweep_expansion": [8], "sweep_epochs": 1},
-    "3vl-coco": {"epochs": 1, "max_train_captions": 0},
+    # 20,000 training captions at full size: the trees (spaCy) and three LoRA fine-tunes over all 566k
+    # would take days on 2 cores; the growth law is read from 2,000 -> 20,000.
+    "3vl-coco": {"epochs": 1, "max_train_captions": 20_000},
 }
+REHEARSAL["tevi-coco-cc12m"] = REHEARSAL["tevi-coco"]
+SCALED = {"3vl-coco": ("max_train_captions",)}  # fields multiplied by the scale
 
 
 def work_of(recipe: str, results: dict) -> dict[str, float]:
@@ -50,6 +57,7 @@ def work_of(recipe: str, results: dict) -> dict[str, float]:
     from vlctl.recipes.plan import dataset_counts, stage_work
     from vlctl.recipes.real_data import REAL_RECIPES
 
+    recipe = recipe.removesuffix("-cc12m")
     module = importlib.import_module(RECIPES[recipe].split(":")[0])
     cfg = config_from_dict(type(module.load_preset(True)), results["config"])
     data = config_from_dict(REAL_RECIPES[recipe][0], {k: v for k, v in results["data"].items() if v is not None})
@@ -57,6 +65,8 @@ def work_of(recipe: str, results: dict) -> dict[str, float]:
 
 
 def flags(recipe: str, datasets: dict) -> list[str]:
+    if recipe == "tevi-coco-cc12m":
+        return [*datasets["datasets"]["cc12m"]["flags"][recipe], *datasets["datasets"]["coco"]["flags"]["3vl-coco"]]
     return [f for d in datasets["datasets"].values() for f in d["flags"].get(recipe, [])]
 
 
@@ -112,8 +122,9 @@ def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | 
     out = runs / f"s{scale}" / recipe
     out.mkdir(parents=True, exist_ok=True)
     cfg = out.parent / f"{recipe}.json"
-    cfg.write_text(json.dumps(REHEARSAL.get(recipe, {})))
-    argv = ["reproduce", recipe, "--quick", "--encoder", ENCODER, *flags(recipe, datasets), "--out", str(out),
+    over = REHEARSAL.get(recipe, {})
+    cfg.write_text(json.dumps({k: round(v * scale) if k in SCALED.get(recipe, ()) else v for k, v in over.items()}))
+    argv = ["reproduce", recipe.removesuffix("-cc12m"), "--quick", "--encoder", ENCODER, *flags(recipe, datasets), "--out", str(out),
             "--recipe-config", str(cfg), "--force"]
     print(f"{recipe} @ {scale}: {' '.join(argv)}", flush=True)
     log = out.with_suffix(".log")
@@ -182,6 +193,24 @@ def write_rates(doc: dict, path: Path) -> None:
                                 "machine": doc["machine"], **rates}, indent=1) + "\n")
 
 
+def markdown(doc: dict) -> str:
+    """The findings tables: per recipe and scale its time and peak RSS, then per stage the growth."""
+    lines = ["| recipe | scale | wall s | CPU s | peak RSS GiB | longest silence s |", "|---|---|---|---|---|---|"]
+    for key, r in sorted(doc["runs"].items()):
+        p = r["process"]
+        lines.append(f"| {key.split('@')[0]} | {r['scale']} | {r.get('total_seconds', 'failed')} | {p['cpu_seconds']} | "
+                     f"{p['peak_rss_bytes'] / 2**30:.2f} | {p['longest_silence_s']} |")
+    lines += ["", "| recipe | stage | work ratio | wall ratio | CPU ratio | RSS ratio | wall s (larger) |",
+              "|---|---|---|---|---|---|---|"]
+    for recipe, g in doc.get("growth", {}).items():
+        big = next(v for k, v in doc["runs"].items() if k == f"{recipe}@{g['scales'][1]}")
+        for stage, v in g.items():
+            if isinstance(v, dict):
+                lines.append(f"| {recipe} | {stage} | {v['work_ratio']} | {v['time_ratio']} | {v['cpu_ratio']} | "
+                             f"{v['rss_ratio']} | {big['stages'][stage]['seconds']:.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--datasets", type=Path, required=True, help="a make_datasets.py output (datasets.json)")
@@ -190,9 +219,13 @@ def main() -> None:
     ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES))
     ap.add_argument("--derive", action="store_true", help="run nothing: recount each recorded run's work from its "
                     "results.json under --runs, then the growth and the plan's rates")
+    ap.add_argument("--table", action="store_true", help="print the findings tables of --json and stop")
     ap.add_argument("--kill", metavar="STAGE", help="also kill the run in STAGE and check that it resumes equal")
     ap.add_argument("--kill-after", type=float, default=20.0, help="seconds into STAGE (default 20)")
     args = ap.parse_args()
+    if args.table:
+        print(markdown(json.loads(args.json.read_text())))
+        return
     datasets = json.loads((args.datasets / "datasets.json").read_text())
     doc = json.loads(args.json.read_text()) if args.json.is_file() else {"runs": {}}
     doc["machine"] = f"{os.cpu_count()} CPUs (shared), torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}"

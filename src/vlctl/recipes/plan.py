@@ -146,11 +146,14 @@ def _gpu_seconds(recipe: str, stage: str, work: float) -> float | None:
     return None
 
 
-def make_plan(recipe: str, cfg: Any, counts: dict[str, Any], stages: Path, rates_file: Path = RATES
-              ) -> list[dict[str, Any]]:
-    """One row per stage: work, expected CPU / GPU seconds, peak memory and disk, cached or not."""
+def make_plan(recipe: str, cfg: Any, counts: dict[str, Any], stages: Path, rates_file: Path = RATES,
+              shards: bool = False) -> list[dict[str, Any]]:
+    """One row per stage: work, expected CPU / GPU seconds, peak memory and disk, cached or not.
+    `shards`: tevi-coco trains on WebDataset shards (rates of the rehearsal's `tevi-coco-cc12m`, whose
+    data stage unpacks them)."""
     work = stage_work(recipe, cfg, counts)
-    rates = json.loads(rates_file.read_text()).get(recipe, {}) if rates_file.is_file() else {}
+    rates = json.loads(rates_file.read_text()).get(recipe + ("-cc12m" if shards else ""), {}) \
+        if rates_file.is_file() else {}
     rows = []
     for name, w in work.items():
         r = rates.get(name)
@@ -189,7 +192,7 @@ def format_plan(recipe: str, counts_line: str, rows: list[dict[str, Any]]) -> st
 def plan(recipe: str, cfg: Any, data: Any, stages: Path) -> list[dict[str, Any]]:
     """Print the plan on stdout; its rows."""
     counts = dataset_counts(recipe, data)
-    rows = make_plan(recipe, cfg, counts, stages)
+    rows = make_plan(recipe, cfg, counts, stages, shards=bool(getattr(data, "train_shards", None)))
     line = ", ".join(f"{k}: {v['images']:,} images, {v['captions']:,} captions" if isinstance(v, dict)
                      else f"{k}: {v:,}" for k, v in counts.items())
     print(format_plan(recipe, line, rows))
