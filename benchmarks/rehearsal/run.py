@@ -213,7 +213,8 @@ def markdown(doc: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--datasets", type=Path, required=True, help="a make_datasets.py output (datasets.json)")
+    ap.add_argument("--datasets", type=Path, nargs="+", required=True,
+                    help="make_datasets.py outputs (datasets.json) of one scale, merged")
     ap.add_argument("--runs", type=Path, required=True, help="where the runs go (not the repository)")
     ap.add_argument("--json", type=Path, default=REPO / "benchmarks" / "scale_rehearsal.json")
     ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES))
@@ -226,7 +227,12 @@ def main() -> None:
     if args.table:
         print(markdown(json.loads(args.json.read_text())))
         return
-    datasets = json.loads((args.datasets / "datasets.json").read_text())
+    datasets = {"datasets": {}}
+    for d in args.datasets:
+        part = json.loads((d / "datasets.json").read_text())
+        if datasets.setdefault("scale", part["scale"]) != part["scale"]:
+            raise SystemExit(f"{d}: datasets of scale {part['scale']}, not {datasets['scale']}")
+        datasets["datasets"].update(part["datasets"])
     doc = json.loads(args.json.read_text()) if args.json.is_file() else {"runs": {}}
     doc["machine"] = f"{os.cpu_count()} CPUs (shared), torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}"
     doc["generation"] = {**doc.get("generation", {}), str(datasets["scale"]): {
