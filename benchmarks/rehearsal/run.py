@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "src"))  # this checkout's vlctl, as the runs it starts use
 ENCODER = "open_clip:vlctl-tiny-vit"
 RECIPES = ("controlembed-shotbench", "controlembed-stanford40", "controlembed-clevr4", "tevi-coco", "3vl-coco",
            "tevi-coco-cc12m")
@@ -103,6 +104,7 @@ def run_once(argv: list[str], log: Path, kill: tuple[str, float] | None = None) 
     return {"rc": os.waitstatus_to_exitcode(status), "seconds": round(time.perf_counter() - t0, 1),
             "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_bytes": usage.ru_maxrss * 1024,
             "longest_silence_s": round(gap, 1), "line_after_longest_silence": gap_line, "killed": killed[0],
+            "resumed": [ln.strip() for ln in lines if "resuming from its checkpoint" in ln or "before the kill" in ln],
             "stderr_tail": "".join(lines[-5:])}
 
 
@@ -115,6 +117,19 @@ def _plain(results: dict) -> dict:
     if isinstance(results, list):
         return [_plain(v) for v in results]
     return results
+
+
+def record(recipe: str, scale: float, proc: dict, results: dict, out: Path) -> dict:
+    """A run's entry: the process figures, and per stage the runner's measurements with its work."""
+    work = work_of(recipe, results)
+    stages = {}
+    for name, t in results["timings"].items():
+        if isinstance(t, dict):
+            n = work.get(name)
+            stages[name] = {**{k: (round(v, 3) if isinstance(v, float) else v) for k, v in t.items()},
+                            "work": n, "work_per_s": round(n / t["seconds"], 1) if n and t["seconds"] else None}
+    return {"scale": scale, "process": proc, "stages": stages, "total_seconds": round(results["timings"]["total_seconds"], 1),
+            "disk_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())}
 
 
 def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | None) -> dict:
@@ -134,15 +149,7 @@ def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | 
         print(proc["stderr_tail"], flush=True)
         return {"scale": scale, "process": proc}
     results = json.loads((out / "results.json").read_text())
-    work = work_of(recipe, results)
-    stages = {}
-    for name, t in results["timings"].items():
-        if isinstance(t, dict):
-            n = work.get(name)
-            stages[name] = {**{k: (round(v, 3) if isinstance(v, float) else v) for k, v in t.items()},
-                            "work": n, "work_per_s": round(n / t["seconds"], 1) if n and t["seconds"] else None}
-    entry = {"scale": scale, "process": proc, "stages": stages, "total_seconds": round(results["timings"]["total_seconds"], 1),
-             "disk_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())}
+    entry = record(recipe, scale, proc, results, out)
     if kill:
         # The same command, killed in the middle of `kill[0]`, then rerun: it must resume and end equal.
         killed = out.with_name(out.name + "-killed")
@@ -153,7 +160,7 @@ def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | 
         same = (second["rc"] == 0 and _plain(json.loads((killed / "results.json").read_text())) == _plain(results))
         entry["kill"] = {"stage": kill[0], "after_s": kill[1], "killed": first["killed"], "rerun_rc": second["rc"],
                          "rerun_seconds": second["seconds"], "same_results": same,
-                         "resumed_line": [ln for ln in second["stderr_tail"].splitlines() if "resum" in ln]}
+                         "resumed": second["resumed"]}
     return entry
 
 
@@ -238,15 +245,12 @@ def main() -> None:
     doc["generation"] = {**doc.get("generation", {}), str(datasets["scale"]): {
         k: {"counts": v["counts"], "seconds": v["seconds"]} for k, v in datasets["datasets"].items()}}
     if args.derive:
-        for key, entry in doc["runs"].items():
-            recipe = key.split("@")[0]
-            res = args.runs / f"s{entry['scale']}" / recipe / "results.json"
-            if "stages" in entry and res.is_file():
-                work = work_of(recipe, json.loads(res.read_text()))
-                for name, st in entry["stages"].items():
-                    st.pop("items", None), st.pop("items_per_s", None)
-                    st["work"] = work.get(name)
-                    st["work_per_s"] = round(st["work"] / st["seconds"], 1) if st["work"] and st["seconds"] else None
+        for recipe in RECIPES:  # each run folder of this scale, its process figures kept where recorded
+            key, out = f"{recipe}@{datasets['scale']}", args.runs / f"s{datasets['scale']}" / recipe
+            if (out / "results.json").is_file():
+                proc = doc["runs"].get(key, {}).get("process") or {"note": "process figures not recorded"}
+                doc["runs"][key] = {**doc["runs"].get(key, {}), **record(
+                    recipe, datasets["scale"], proc, json.loads((out / "results.json").read_text()), out)}
         args.recipes = []
     for recipe in args.recipes:
         entry = rehearse(recipe, datasets, args.runs, (args.kill, args.kill_after) if args.kill else None)
