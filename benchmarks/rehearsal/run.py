@@ -205,8 +205,10 @@ def markdown(doc: dict) -> str:
     lines = ["| recipe | scale | wall s | CPU s | peak RSS GiB | longest silence s |", "|---|---|---|---|---|---|"]
     for key, r in sorted(doc["runs"].items()):
         p = r["process"]
-        lines.append(f"| {key.split('@')[0]} | {r['scale']} | {r.get('total_seconds', 'failed')} | {p['cpu_seconds']} | "
-                     f"{p['peak_rss_bytes'] / 2**30:.2f} | {p['longest_silence_s']} |")
+        peak = p.get("peak_rss_bytes") or max((st.get("peak_rss_bytes") or 0) for st in r.get("stages", {}).values())
+        rss = f"{peak / 2**30:.2f}"
+        lines.append(f"| {key.split('@')[0]} | {r['scale']} | {r.get('total_seconds', 'failed')} | "
+                     f"{p.get('cpu_seconds', '-')} | {rss} | {p.get('longest_silence_s', '-')} |")
     lines += ["", "| recipe | stage | work ratio | wall ratio | CPU ratio | RSS ratio | wall s (larger) |",
               "|---|---|---|---|---|---|---|"]
     for recipe, g in doc.get("growth", {}).items():
