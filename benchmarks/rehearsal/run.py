@@ -195,7 +195,8 @@ def write_rates(doc: dict, path: Path) -> None:
         runs = sorted((v for k, v in doc["runs"].items() if k.startswith(recipe + "@") and "stages" in v),
                       key=lambda v: v["scale"])
         if len(runs) >= 2:
-            rates[recipe] = fit_rates(runs[0]["stages"], runs[-1]["stages"])
+            rates[recipe] = {stage: {f: {k: float(f"{v:.4g}") for k, v in line.items()} for f, line in fits.items()}
+                             for stage, fits in fit_rates(runs[0]["stages"], runs[-1]["stages"]).items()}
     path.write_text(json.dumps({"source": "benchmarks/scale_rehearsal.json (benchmarks/rehearsal/run.py)",
                                 "machine": doc["machine"], **rates}, indent=1) + "\n")
 
