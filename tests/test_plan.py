@@ -59,6 +59,11 @@ def test_plan_counts_coco_and_rococo_from_the_annotations(tmp_path, capsys):
     rows = _rows(out)
     assert list(rows) == ["data", "embed-train", "embed-coco", "embed-rococo", "sae", "tevi", "sae-sweep", "evaluate"]
     assert rows["embed-train"][0] == "27" and rows["evaluate"][0] == "540"  # 12 + 60 / 4; 6 x 30 + 6 x 60
+    # CC12M-style shards (10 + 10 + 5 pairs): counted from the first and the last shard's tar headers
+    shards = layouts.webdataset(tmp_path / "cc", 25, per_shard=10)
+    assert main(["reproduce", "tevi-coco", "--quick", "--plan", "--encoder", ENC, "--train-shards", shards,
+                 "--coco-root", str(tmp_path / "coco"), "--coco-annotations", str(ann), "--out", str(tmp_path / "o")]) == 0
+    assert "train: 25 images, 25 captions" in capsys.readouterr().out
 
 
 def test_rates_are_fitted_through_two_runs_and_the_plan_applies_them(tmp_path):

@@ -24,16 +24,18 @@ TEXT_COST = 0.25  # a caption costs about a quarter of an image to embed (vlctl.
 
 
 def _count_shards(spec: str) -> int:
-    """Samples with an image in WebDataset shards, from the tar headers (no file content is read)."""
+    """Samples with an image in WebDataset shards, from the tar headers of the first and the last shard:
+    img2dataset fills every shard but the last alike (counting all headers of 1M pairs took 33 s of CPU)."""
     import tarfile
 
     from vlctl.data.loaders.webdataset import expand_shards
 
-    n = 0
-    for shard in expand_shards(spec):
+    def count(shard: Path) -> int:
         with tarfile.open(shard) as tar:
-            n += sum(1 for m in tar if m.name.rsplit(".", 1)[-1].lower() in ("jpg", "jpeg", "png", "webp"))
-    return n
+            return sum(1 for m in tar if m.name.rsplit(".", 1)[-1].lower() in ("jpg", "jpeg", "png", "webp"))
+
+    shards = expand_shards(spec)
+    return count(shards[0]) * (len(shards) - 1) + count(shards[-1])
 
 
 def dataset_counts(recipe: str, data: Any) -> dict[str, Any]:
