@@ -310,7 +310,10 @@ class TEVI(Estimator):
                 new_row = np.full(len(partners) + 1, -1, dtype=np.int64)  # last entry: partner -1 stays -1
                 new_row[train_rows] = np.arange(len(train_rows))
                 partners = new_row[partners[train_rows]]
-        latents = sae.encode(x)  # (n, d1), the frozen SAE's codes, computed once
+        # The frozen SAE's codes, computed once and kept sparse (each row's k kept latents); each batch is
+        # densified. Dense they are n x d1 floats: 566k COCO pairs x 16,384 latents = 37 GB at the paper's
+        # size (the scale rehearsal's tevi-coco was killed for memory at 2,048 latents).
+        code_idx, code_val = _sparse_codes(sae_model, x)
         torch.manual_seed(cfg.seed)
         mask = TeviMask(cfg)
         net = _TeviTrainer(mask, sae_model.W_D, sae_model.b_pre, text_encoder)
@@ -328,7 +331,7 @@ class TEVI(Estimator):
             if partners is not None:
                 idx = with_partners(idx, partners)
             idx = torch.as_tensor(idx)
-            return latents[idx], captions[idx]
+            return torch.zeros(len(idx), d1).scatter_(1, code_idx[idx].long(), code_val[idx]), captions[idx]
 
         def loss_fn(model: nn.Module, batch):
             loss, mean_mask = model(*batch)
@@ -560,3 +563,12 @@ class TEVI(Estimator):
                                    {"text_encoder_finetuned": bool(meta.get("text_encoder_finetuned"))})
         except (KeyError, TypeError, AttributeError) as e:
             raise VlctlError(f"{cfg_path}: corrupt TEVI config ({e!r})") from None
+
+
+@torch.no_grad()
+def _sparse_codes(model: nn.Module, x: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """The TopK SAE's codes of `x` as (n, k) int32 latent indices and (n, k) values, `chunk` rows at a
+    time: neither the codes nor one pass's pre-activations are ever n x d1."""
+    parts = [model.encode_topk(x[i:i + chunk]) for i in range(0, len(x), chunk)]
+    return (torch.cat([p[0] for p in parts]).int() if parts else torch.zeros(0, model.cfg.k, dtype=torch.int32),
+            torch.cat([p[1] for p in parts]) if parts else torch.zeros(0, model.cfg.k))
