@@ -134,7 +134,7 @@ def record(recipe: str, scale: float, proc: dict, results: dict, out: Path) -> d
             "disk_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())}
 
 
-def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | None) -> dict:
+def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | None, resume: bool = False) -> dict:
     scale = datasets["scale"]
     out = runs / f"s{scale}" / recipe
     out.mkdir(parents=True, exist_ok=True)
@@ -142,10 +142,11 @@ def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | 
     over = REHEARSAL.get(recipe, {})
     cfg.write_text(json.dumps({k: round(v * scale) if k in SCALED.get(recipe, ()) else v for k, v in over.items()}))
     argv = ["reproduce", recipe.removesuffix("-cc12m"), "--quick", "--encoder", ENCODER, *flags(recipe, datasets), "--out", str(out),
-            "--recipe-config", str(cfg), "--force"]
+            "--recipe-config", str(cfg), *([] if resume else ["--force"])]
     print(f"{recipe} @ {scale}: {' '.join(argv)}", flush=True)
     log = out.with_suffix(".log")
-    log.unlink(missing_ok=True)
+    if not resume:
+        log.unlink(missing_ok=True)
     proc = run_once(argv, log)
     if proc["rc"] != 0:
         print(proc["stderr_tail"], flush=True)
@@ -156,7 +157,8 @@ def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | 
         # The same command, killed in the middle of `kill[0]`, then rerun: it must resume and end equal.
         killed = out.with_name(out.name + "-killed")
         shutil.rmtree(killed, ignore_errors=True)  # the rehearsal's own earlier run
-        argv_k = [*argv[:argv.index("--out") + 1], str(killed), *argv[argv.index("--out") + 2:-1]]  # no --force
+        argv_k = [*argv[:argv.index("--out") + 1], str(killed),
+                  *[a for a in argv[argv.index("--out") + 2:] if a != "--force"]]
         first = run_once(argv_k, log, kill)
         second = run_once(argv_k, log)
         same = (second["rc"] == 0 and _plain(json.loads((killed / "results.json").read_text())) == _plain(results))
@@ -233,6 +235,8 @@ def main() -> None:
     ap.add_argument("--derive", action="store_true", help="run nothing: recount each recorded run's work from its "
                     "results.json under --runs, then the growth and the plan's rates")
     ap.add_argument("--table", action="store_true", help="print the findings tables of --json and stop")
+    ap.add_argument("--resume", action="store_true", help="rerun without --force: a killed run goes on from its "
+                    "finished stages and checkpoints (those stages' figures are the first run's wall seconds only)")
     ap.add_argument("--kill", metavar="STAGE", help="also kill the run in STAGE and check that it resumes equal")
     ap.add_argument("--kill-after", type=float, default=20.0, help="seconds into STAGE (default 20)")
     args = ap.parse_args()
@@ -258,7 +262,7 @@ def main() -> None:
                     recipe, datasets["scale"], proc, json.loads((out / "results.json").read_text()), out)}
         args.recipes = []
     for recipe in args.recipes:
-        entry = rehearse(recipe, datasets, args.runs, (args.kill, args.kill_after) if args.kill else None)
+        entry = rehearse(recipe, datasets, args.runs, (args.kill, args.kill_after) if args.kill else None, args.resume)
         doc["runs"][f"{recipe}@{datasets['scale']}"] = entry
         print(json.dumps({k: entry.get(k) for k in ("total_seconds", "disk_bytes")} | {
             "peak_rss_GiB": round(entry["process"]["peak_rss_bytes"] / 2**30, 2),
