@@ -18,9 +18,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vlctl.recipes.real_common import TEXT_COST
+
 RATES = Path(__file__).with_name("rehearsal_rates.json")
 GPU_SMOKE = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_smoke.json"
-TEXT_COST = 0.25  # a caption costs about a quarter of an image to embed (vlctl.recipes.real_common)
 
 
 def _count_shards(spec: str) -> int:

@@ -30,6 +30,8 @@ from vlctl.fsops import VlctlError
 from vlctl.io import atomic_save_npz, atomic_write_json, read_json, sha256_file, sha256_json
 from vlctl.progress import say
 
+# A caption costs about a quarter of an image to embed (a text tower of a ViT-B CLIP; measured on CPU).
+TEXT_COST = 0.25
 RANDOM_WEIGHTS_NOTE = (
     "The encoder has RANDOM weights: every number in this report is meaningless as a result; the run checks "
     "the mechanics (stages, caches, keys, report) only."
@@ -163,11 +165,10 @@ def embed_files_and_texts(encoder: Any, paths: Sequence[Path], texts: Sequence[s
         failures += res.failures
     rate = k / max(time.perf_counter() - t0, 1e-9) * world_size
     peak = _peak_bytes(rank_device(run.device)) or _model_bytes(encoder)
-    # Texts cost about a quarter of an image each (a text tower of a ViT-B CLIP; measured on CPU).
     if rank == 0:
         ranks = f" over {world_size} ranks" if world_size > 1 else ""
         say(f"{what}: {n_all} images + {m_all} texts{ranks}, about "
-            f"{(n_all - k * world_size + m_all / 4) / max(rate, 1e-9):.0f} s more at {rate:.1f} images/s (measured "
+            f"{(n_all - k * world_size + m_all * TEXT_COST) / max(rate, 1e-9):.0f} s more at {rate:.1f} images/s (measured "
             f"on the first {k}), about {(peak + (n_all + m_all) * d * 4) / 2**30:.2f} GiB")
     if len(paths) > k:
         res = embed_image_files(encoder, paths[k:], extract, progress=rank == 0, precision=run.precision)
