@@ -320,7 +320,7 @@ def test_warmup_epochs_are_that_many_epochs_of_steps(world):
     assert not all(torch.equal(a, b) for a, b in zip(by_epochs.mask_.parameters(), no_warmup.mask_.parameters()))
 
 
-def test_fit_keeps_the_sae_codes_sparse():
+def test_fit_keeps_the_sae_codes_sparse_and_scores_a_bounded_holdout():
     """Issue 45: the mask trains on the frozen SAE's codes kept as (n, k) indices and values, densified a
     batch at a time; dense they were n x d1 floats held for the whole fit (the scale rehearsal's tevi-coco
     was killed for memory at 566k pairs x 2,048 latents; the paper's 16,384 latents would need 37 GB)."""
@@ -342,5 +342,8 @@ def test_fit_keeps_the_sae_codes_sparse():
     cost: dict = {}
     before = rss()
     with measured(cost):
-        TEVI(hidden=8, epochs=1, batch_size=512, holdout=0).fit(x, t, sae=sae)
+        tevi = TEVI(hidden=8, epochs=1, batch_size=512).fit(x, t, sae=sae)
     assert cost["peak_rss_bytes"] - before < 300 * 2**20
+    # 6,000 held-out images (10%): α is chosen on the first 2,000 and their captions, all pairs scored
+    # (all 6,000 x 6,000 would grow as the square of the data: COCO's took over 8 GB)
+    assert tevi.heldout_["n_images"] == tevi.heldout_["n_texts"] == 2000

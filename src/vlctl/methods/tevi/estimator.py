@@ -47,6 +47,9 @@ __all__ = ["TEVI", "TeviConfig", "TeviMask", "edit"]
 # --- the mask ----------------------------------------------------------------------------------
 
 CONDITIONING = ("positive", "negative", "both")
+# Held-out images scored against all held-out captions to choose α: every pair is scored, so the cost is
+# the square of their number; COCO's 10% holdout (11k images x 57k captions) took over 8 GB.
+HELDOUT_SCORED_IMAGES = 2_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,7 +361,8 @@ class TEVI(Estimator):
         self.text_encoder_ = None if text_encoder is None else text_encoder.cpu().eval()
         self.sae_ = sae
         self.encoder_id_ = sae.encoder_id_
-        self.heldout_ = self._measure(held_x, held_captions) if len(held_rows) else None
+        self.heldout_ = self._measure(*_first_images(held_x, held_captions, HELDOUT_SCORED_IMAGES)) \
+            if len(held_rows) else None
         self.alpha_ = model_alpha(cfg.alpha, self.heldout_)
         if self.heldout_:
             self.heldout_["fused"] = self.heldout_["by_alpha"].get(f"{self.alpha_:.1f}")
@@ -572,3 +576,11 @@ def _sparse_codes(model: nn.Module, x: torch.Tensor, chunk: int = 8192) -> tuple
     parts = [model.encode_topk(x[i:i + chunk]) for i in range(0, len(x), chunk)]
     return (torch.cat([p[0] for p in parts]).int() if parts else torch.zeros(0, model.cfg.k, dtype=torch.int32),
             torch.cat([p[1] for p in parts]) if parts else torch.zeros(0, model.cfg.k))
+
+
+def _first_images(x: torch.Tensor, captions: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pairs (x[i], captions[i]) of the first `n` distinct images of x (rows equal in x are one
+    image; np.unique's order), all their captions kept."""
+    _, image = np.unique(x.numpy(), axis=0, return_inverse=True)
+    keep = torch.as_tensor(image.reshape(-1) < n)
+    return x[keep], captions[keep]
