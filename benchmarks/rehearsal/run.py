@@ -183,10 +183,12 @@ def growth(doc: dict) -> dict:
             s = small["stages"].get(name)
             if s and s["seconds"] > 0:
                 out[recipe][name] = {"time_ratio": round(b["seconds"] / s["seconds"], 2),
-                                     "cpu_ratio": round(b["cpu_seconds"] / max(s["cpu_seconds"], 1e-3), 2),
+                                     "cpu_ratio": round(b["cpu_seconds"] / max(s["cpu_seconds"], 1e-3), 2)
+                                     if "cpu_seconds" in b else None,  # a stage reused from a killed run: wall only
                                      "work_ratio": round(b["work"] / s["work"], 2) if b.get("work") and s.get(
                                          "work") else None,
-                                     "rss_ratio": round(b["peak_rss_bytes"] / s["peak_rss_bytes"], 2)}
+                                     "rss_ratio": round(b["peak_rss_bytes"] / s["peak_rss_bytes"], 2)
+                                     if "peak_rss_bytes" in b else None}
     return out
 
 
