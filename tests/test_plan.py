@@ -64,6 +64,10 @@ def test_plan_counts_coco_and_rococo_from_the_annotations(tmp_path, capsys):
     assert main(["reproduce", "tevi-coco", "--quick", "--plan", "--encoder", ENC, "--train-shards", shards,
                  "--coco-root", str(tmp_path / "coco"), "--coco-annotations", str(ann), "--out", str(tmp_path / "o")]) == 0
     assert "train: 25 images, 25 captions" in capsys.readouterr().out
+    # without the dataset: the run's own one-line error, nothing planned
+    assert main(["reproduce", "tevi-coco", "--plan", "--encoder", ENC, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--coco-annotations not given" in err[0]
 
 
 def test_rates_are_fitted_through_two_runs_and_the_plan_applies_them(tmp_path):

@@ -52,7 +52,11 @@ def dataset_counts(recipe: str, data: Any) -> dict[str, Any]:
         elif recipe == "tevi-coco" and data.train_table:
             d = folder.load_caption_table(need_file(data.train_table, flag("train_table"), "table"))
             out["train"] = {"images": d.n_images, "captions": len(d.captions)}
-        ann = need_file(data.coco_annotations, flag("coco_annotations"), "coco") if data.coco_annotations else None
+        # COCO's train split trains unless shards / a table do; its test split is a benchmark when given
+        # (3vl-coco needs both): without them, the run's own error
+        needed = recipe == "3vl-coco" or not out
+        ann = need_file(data.coco_annotations, flag("coco_annotations"), "coco") \
+            if data.coco_annotations or needed else None
         for split in ("train", "test") if ann else ():
             if split not in out:
                 d = retrieval.load_karpathy(ann, split=split)
@@ -132,7 +136,9 @@ def fit_rates(small: dict, big: dict) -> dict[str, dict[str, float]]:
             continue
         rec = {}
         for field in ("seconds", "peak_rss_bytes", "written_bytes"):
-            vb, vs = b.get(field) or 0.0, s.get(field) or 0.0
+            if b.get(field) is None or s.get(field) is None:
+                continue  # not measured (a stage reused from an earlier run records its seconds only)
+            vb, vs = b[field], s[field]
             per = max(0.0, (vb - vs) / (b["work"] - s["work"])) if b["work"] > s["work"] else 0.0
             rec[field] = {"fixed": max(0.0, vb - per * b["work"]), "per_work": per}
         out[name] = rec
@@ -162,7 +168,7 @@ def make_plan(recipe: str, cfg: Any, counts: dict[str, Any], stages: Path, rates
         r = rates.get(name)
 
         def est(field: str, r=r, w=w) -> float | None:
-            return None if r is None else r[field]["fixed"] + r[field]["per_work"] * w
+            return None if r is None or field not in r else r[field]["fixed"] + r[field]["per_work"] * w
 
         done = [p for p in stages.glob(f"{name}-*") if len(p.name) == len(name) + 13 and (p / "done.json").is_file()]
         rows.append({"stage": name, "work": w, "cpu_seconds": est("seconds"), "gpu_seconds": _gpu_seconds(recipe, name, w),
