@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 OUT     ?= runs/demo
 
-.PHONY: install demo reproduce test test-all bench bench-peers lint clean
+.PHONY: install demo reproduce test test-all bench bench-peers bench-scale lint clean
 
 # scripts/system-deps.sh: what pip cannot install (WordNet 3.0, Chromium) through apt when it may
 # (root or passwordless sudo), else one line per missing part; it never fails the make.
@@ -51,6 +51,16 @@ bench: $(STAMP) $(PEERS_STAMP)
 
 bench-peers: $(PEERS_STAMP)
 	PYTHONPATH=src $(PEERS)/bin/python benchmarks/peers.py
+
+# The scale rehearsal (issue 45): synthetic datasets in the upstream layouts at a tenth and the whole
+# of the papers' sizes (REHEARSAL, about 6 GB), then every real recipe at both with the tiny random
+# encoder: benchmarks/scale_rehearsal.json and the rates `vlctl reproduce --plan` reads. Hours on 2 cores.
+REHEARSAL ?= /tmp/vlctl-rehearsal
+bench-scale: $(STAMP)
+	for s in 0.1 1; do \
+	  PYTHONPATH=src nice -n 19 $(BIN)/python benchmarks/rehearsal/make_datasets.py --scale $$s --out $(REHEARSAL)/s$$s && \
+	  nice -n 19 $(BIN)/python benchmarks/rehearsal/run.py --datasets $(REHEARSAL)/s$$s --runs $(REHEARSAL)/runs || exit 1; \
+	done
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks experiments

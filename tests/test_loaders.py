@@ -288,6 +288,38 @@ def test_webdataset_shards_stream_in_order(tmp_path):
         list(iter_webdataset([tmp_path / "badjson.tar"]))
 
 
+def test_unpacked_shards_are_keyed_by_shard_resumed_and_never_mixed(tmp_path):
+    """Issue 45's scale rehearsal: CC12M-size shards unpack once per shard (a manifest written last), a
+    killed unpack redoes only the shard without one, and another shard set of the same size never
+    reuses the first one's images (the old single unpack folder named images by position)."""
+    import os
+
+    from vlctl.data.loaders.webdataset import unpack_webdataset
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    for d, tag in ((a, b"A"), (b, b"B")):
+        for s in range(2):
+            _tar(d / f"{s:05d}.tar", [m for i in range(3) for m in ((f"{s}{i}.jpg", tag + bytes([s, i])),
+                                                                     (f"{s}{i}.txt", f"caption {s}{i}".encode()))]
+                 + [(f"{s}9.txt", b"no image")])
+    out = tmp_path / "unpacked"
+    paths, caps, manifests = unpack_webdataset(str(a / "{00000..00001}.tar"), out)
+    assert caps == ["caption 00", "caption 01", "caption 02", "caption 10", "caption 11", "caption 12"]
+    assert [p.read_bytes() for p in paths[:2]] == [b"A\x00\x00", b"A\x00\x01"] and len(manifests) == 2
+    # a kill mid-unpack: the second shard's manifest is missing; only that shard is read again
+    manifests[1].unlink()
+    st = os.stat(a / "00000.tar")  # the finished first shard is not opened again: garbage there goes unread
+    (a / "00000.tar").write_bytes(b"\0" * st.st_size)
+    os.utime(a / "00000.tar", ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = unpack_webdataset(str(a / "{00000..00001}.tar"), out)
+    assert again[0] == paths and again[1] == caps and manifests[1].is_file()
+    # the same names and sizes in other shards: other folders, their own images
+    other, _, _ = unpack_webdataset(str(b / "{00000..00001}.tar"), out)
+    assert not set(other) & set(paths) and other[0].read_bytes() == b"B\x00\x00"
+    assert paths[0].read_bytes() == b"A\x00\x00"
+
+
 def test_aro_items_carry_their_crop(tmp_path):
     from vlctl.data.loaders.compositional import load_aro
 

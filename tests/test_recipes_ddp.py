@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import upstream_layouts as layouts
 from vlctl.cli import main
 from vlctl.fsops import VlctlError
 from vlctl.train.distributed import shard_rows, unshard
@@ -73,9 +74,9 @@ def _emb(stage_dir: Path, name: str) -> dict:
 
 @pytest.mark.slow
 def test_controlembed_under_torchrun_equals_one_process_and_reuses(tmp_path):
-    from test_recipes_real import CE_CFG, ENC, _clevr4, _config
+    from test_recipes_real import CE_CFG, ENC, _config
 
-    flags = ["--clevr4-root", str(_clevr4(tmp_path / "data")), *_config(tmp_path, "ce", CE_CFG)]
+    flags = ["--clevr4-root", str(layouts.clevr4(tmp_path / "data")), *_config(tmp_path, "ce", CE_CFG)]
     two, one = tmp_path / "two", tmp_path / "one"
     argv = ["reproduce", "controlembed-clevr4", "--encoder", ENC, *flags]
     proc = _torchrun([*argv, "--out", str(two)])
@@ -116,7 +117,7 @@ def test_controlembed_under_torchrun_equals_one_process_and_reuses(tmp_path):
     proc = _torchrun([*argv, "--out", str(two)])  # a rerun under torchrun reuses every stage
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads((two / "results.json").read_text())
-    assert all(v["cached"] for k, v in r["timings"].items() if isinstance(v, dict) and k != "evaluate")
+    assert all(v["cached"] for k, v in r["timings"].items() if isinstance(v, dict) and k not in ("data", "evaluate"))
     assert "started" not in proc.stderr
 
 
@@ -146,10 +147,10 @@ sys.exit(main(sys.argv[1:]))
 def test_controlembed_fit_under_torchrun_survives_a_dying_rank_and_resumes(tmp_path):
     import torch
 
-    from test_recipes_real import CE_CFG, ENC, _clevr4, _config
+    from test_recipes_real import CE_CFG, ENC, _config
     from vlctl.methods.controlembed.estimator import ControlEmbed
 
-    flags = ["--clevr4-root", str(_clevr4(tmp_path / "data")), *_config(tmp_path, "ce", CE_CFG)]
+    flags = ["--clevr4-root", str(layouts.clevr4(tmp_path / "data")), *_config(tmp_path, "ce", CE_CFG)]
     argv = ["reproduce", "controlembed-clevr4", "--encoder", ENC, *flags]
     two, one = tmp_path / "two", tmp_path / "one"
     script = tmp_path / "dying_rank.py"
@@ -197,12 +198,12 @@ sys.exit(main(sys.argv[1:]))
 
 @pytest.mark.slow
 def test_3vl_under_torchrun_survives_a_dying_rank_and_resumes(tmp_path):
-    from test_recipes_real import ENC, THREE_VL_CFG, _coco, _compositional, _config
+    from test_recipes_real import ENC, THREE_VL_CFG, _config
 
-    ann = _coco(tmp_path / "coco")
+    ann = layouts.coco(tmp_path / "coco")
     out = tmp_path / "out"
     argv = ["reproduce", "3vl-coco", "--encoder", ENC, "--coco-root", str(tmp_path / "coco"),
-            "--coco-annotations", str(ann), *_compositional(tmp_path / "comp"), "--out", str(out),
+            "--coco-annotations", str(ann), *layouts.compositional(tmp_path / "comp"), "--out", str(out),
             *_config(tmp_path, "3vl", {**THREE_VL_CFG, "checkpoint_every": 1})]
     script = tmp_path / "dying_rank.py"
     script.write_text(_DYING_RANK)
@@ -227,9 +228,9 @@ def test_3vl_under_torchrun_survives_a_dying_rank_and_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_tevi_coco_under_torchrun_trains_sae_and_mask_ddp(tmp_path):
-    from test_recipes_real import ENC, TEVI_CFG, _coco, _config
+    from test_recipes_real import ENC, TEVI_CFG, _config
 
-    ann = _coco(tmp_path / "coco")
+    ann = layouts.coco(tmp_path / "coco")
     out = tmp_path / "out"
     proc = _torchrun(["reproduce", "tevi-coco", "--encoder", ENC, "--coco-root", str(tmp_path / "coco"),
                       "--coco-annotations", str(ann), "--out", str(out), *_config(tmp_path, "tevi", TEVI_CFG)])

@@ -6,151 +6,26 @@ weights; and each bad input gets one clear error.
 
 Fixtures: a COCO Karpathy dataset_coco.json from the real captions in ../shared/data with
 generated images; a Clevr-4 folder from `vlctl data shapes --write-png`; Stanford 40 and ShotBench
-in their upstream layouts (as tests/test_loaders_extra.py builds them); VL-CheckList and SugarCrepe
-files cut from the real ones in ../shared/data, ARO's VG-Relation format.
+in their upstream layouts; VL-CheckList and SugarCrepe files cut from the real ones in ../shared/data,
+ARO's VG-Relation format. All built by tests/upstream_layouts.py, which also builds the scale
+rehearsal's datasets at the papers' sizes (benchmarks/rehearsal/).
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
+import upstream_layouts as layouts
 from vlctl.cli import main
 from vlctl.eval import metrics
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-if not SHARED.is_dir():
-    SHARED = Path("/work/shared/data")
 ENC = "open_clip:vlctl-tiny-vit"
-
-
-def _img(path: Path, rng: np.random.Generator, size=(36, 40)) -> None:
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(path)
-
-
-def _coco(root: Path, n_train: int = 12, n_test: int = 6) -> Path:
-    """Karpathy's dataset_coco.json (train + test splits) from real COCO captions, generated images."""
-    items = json.loads((SHARED / "coco_karpathy_test.json").read_text())[: n_train + n_test]
-    rng = np.random.default_rng(0)
-    images = []
-    for i, it in enumerate(items):
-        split = "train" if i < n_train else "test"
-        folder, name = it["image"].split("/")
-        folder = "train2014" if split == "train" else folder
-        _img(root / folder / name, rng)
-        images.append({"filepath": folder, "filename": name, "split": split, "imgid": i, "cocoid": i,
-                       "sentences": [{"raw": c, "tokens": c.lower().split()} for c in it["caption"]]})
-    (root / "dataset_coco.json").write_text(json.dumps({"images": images, "dataset": "coco"}))
-    return root / "dataset_coco.json"
-
-
-def _rococo(coco_root: Path, ann: Path) -> Path:
-    """RoCOCO's form: the COCO test images, 5 originals + 5 altered captions (from the real file)."""
-    test = [im for im in json.loads(ann.read_text())["images"] if im["split"] == "test"]
-    altered = json.loads((SHARED / "rococo" / "same_concept_first300.json").read_text())
-    doc = [{"image": f"{im['filepath']}/{im['filename']}",
-            "caption": [s["raw"] for s in im["sentences"]][:5] + altered[i]["caption"][-5:]} for i, im in enumerate(test)]
-    path = coco_root / "same_concept.json"
-    path.write_text(json.dumps(doc))
-    return path
-
-
-def _clevr4(tmp: Path) -> Path:
-    out = tmp / "clevr4"
-    (out / "images").mkdir(parents=True)
-    ann = {}
-    for split, n in (("train", 150), ("test", 40)):
-        d = tmp / f"shapes-{split}"
-        assert main(["data", "shapes", "--out", str(d), "--n", str(n), "--split", split, "--image-size", "32",
-                     "--write-png", "--workers", "1"]) == 0
-        ann.update(json.loads((d / "clevr_4_annots.json").read_text()))
-        for p in (d / "images").iterdir():
-            shutil.copy(p, out / "images" / p.name)
-    (out / "clevr_4_annots.json").write_text(json.dumps(ann))
-    return out
-
-
-def _stanford40(tmp: Path) -> tuple[Path, Path]:
-    root = tmp / "Stanford40"
-    rng = np.random.default_rng(1)
-    actions = ("applauding", "blowing_bubbles", "riding_a_bike")
-    train = [f"{a}_{k:03d}.jpg" for a in actions for k in range(1, 7)]
-    test = [f"{a}_{k:03d}.jpg" for a in actions for k in range(7, 10)]
-    for name in train + test:
-        _img(root / "JPEGImages" / name, rng)
-    (root / "ImageSplits").mkdir()
-    (root / "ImageSplits" / "actions.txt").write_text("action_name\tnumber_of_images\n"
-                                                      + "".join(f"{a}\t9\n" for a in actions))
-    (root / "ImageSplits" / "train.txt").write_text("\n".join(train) + "\n")
-    (root / "ImageSplits" / "test.txt").write_text("\n".join(test) + "\n")
-    labels = tmp / "stanford40_labels.csv"
-    rows = [f"{n},{['indoor', 'outdoor'][i % 2]},{['happy', 'calm'][(i // 2) % 2]}" for i, n in enumerate(train + test)]
-    labels.write_text("image,location,mood\n" + "\n".join(rows) + "\n")
-    return root, labels
-
-
-def _shotbench(tmp: Path) -> Path:
-    """ShotBench's test.tsv: options as dict literals, type / path as list literals; one video row."""
-    d = tmp / "ShotBench"
-    rng = np.random.default_rng(2)
-    sizes = "{'A': 'wide shot', 'B': 'close-up', 'C': 'medium shot'}"
-    angles = "{'A': 'low angle', 'B': 'high angle'}"
-    rows = []
-    for i in range(24):
-        _img(d / "images" / f"{i}.jpg", rng)
-        rows.append([str(2 * i), "What is the shot size?", sizes, "AB"[i % 2], "shot size", "['image']",
-                     f"['images/{i}.jpg']"])
-        rows.append([str(2 * i + 1), "What is the camera angle?", angles, "AB"[(i // 2) % 2], "camera angle",
-                     "['image']", f"['images/{i}.jpg']"])
-    rows.append(["99", "How does the camera move?", "{'A': 'pan', 'B': 'dolly'}", "A", "camera movement", "['video']",
-                 "['videos/x.mp4']"])
-    with open(d / "test.tsv", "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, delimiter="\t")
-        w.writerow(["index", "question", "options", "answer", "category", "type", "path"])
-        w.writerows(rows)
-    return d / "test.tsv"
-
-
-def _compositional(tmp: Path, n: int = 5) -> list[str]:
-    """VL-CheckList / SugarCrepe files cut from the real ones, an ARO VG-Relation file; their flags."""
-    rng = np.random.default_rng(3)
-    vl = tmp / "vl"
-    flags = ["--vl-checklist-root", str(vl / "images")]
-    src = {"attribute": "Attribute_vg_color.json", "object": "Object_Location_vg_location_vg_subj_margin.json"}
-    for cat, name in src.items():
-        items = json.loads((SHARED / "vl_checklist" / name).read_text())[:n]
-        for im, _ in items:
-            _img(vl / "images" / im, rng)
-        (vl / name).write_text(json.dumps(items))
-        flags += [f"--vl-checklist-{cat}", str(vl / name)]
-    base = json.loads((SHARED / "vl_checklist" / src["object"]).read_text())[:40]
-    rel = [[im, {"POS": [p], "NEG": [p.replace(" ON ", " UNDER ")]}] for im, t in base for p in t["POS"] if " ON " in p][:n]
-    for im, _ in rel:
-        _img(vl / "images" / im, rng)
-    (vl / "Relation_vg_spatial.json").write_text(json.dumps(rel))
-    flags += ["--vl-checklist-relation", str(vl / "Relation_vg_spatial.json")]
-    sc = tmp / "sugarcrepe"
-    d = dict(list(json.loads((SHARED / "sugarcrepe" / "replace_att.json").read_text()).items())[:n])
-    for v in d.values():
-        _img(sc / "val2017" / v["filename"], rng)
-    (sc / "replace_att.json").write_text(json.dumps(d))
-    flags += ["--sugarcrepe-root", str(sc / "val2017"), "--sugarcrepe", str(sc / "replace_att.json")]
-    aro = [{"image_path": v["filename"], "bbox_x": 2, "bbox_y": 3, "bbox_w": 30, "bbox_h": 25,
-            "true_caption": v["caption"], "false_caption": v["negative_caption"], "relation_name": "on"}
-           for v in d.values()]
-    (sc / "visual_genome_relation.json").write_text(json.dumps(aro))
-    flags += ["--aro-root", str(sc / "val2017"), "--aro-relation", str(sc / "visual_genome_relation.json")]
-    return flags
 
 
 def _config(tmp: Path, name: str, fields: dict) -> list[str]:
@@ -162,8 +37,8 @@ def _config(tmp: Path, name: str, fields: dict) -> list[str]:
 @pytest.fixture(scope="module")
 def fixtures(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("real")
-    ann = _coco(tmp / "coco")
-    return {"tmp": tmp, "coco_root": tmp / "coco", "coco_ann": ann, "rococo": _rococo(tmp / "coco", ann)}
+    ann = layouts.coco(tmp / "coco")
+    return {"tmp": tmp, "coco_root": tmp / "coco", "coco_ann": ann, "rococo": layouts.rococo(tmp / "coco", ann)}
 
 
 def _error_line(stderr: str) -> str:
@@ -178,7 +53,7 @@ def _results(out: Path) -> dict:
 
 
 def _all_cached(r: dict) -> bool:
-    return all(v["cached"] for k, v in r["timings"].items() if isinstance(v, dict) and k != "evaluate")
+    return all(v["cached"] for k, v in r["timings"].items() if isinstance(v, dict) and k not in ("data", "evaluate"))
 
 
 TEVI_CFG = {"sae_k": 8, "sae_aux_k": 16, "sae_expansion": 2, "sae_epochs": 2, "sae_batch_size": 64, "mask_hidden": 32,
@@ -304,14 +179,14 @@ def test_controlembed_real_end_to_end(dataset, fixtures, tmp_path):
     tmp = fixtures["tmp"] / dataset
     tmp.mkdir(exist_ok=True)
     if dataset == "clevr4":
-        flags = ["--clevr4-root", str(_clevr4(tmp))]
+        flags = ["--clevr4-root", str(layouts.clevr4(tmp))]
         cats = ["color", "shape", "texture", "count"]
     elif dataset == "stanford40":
-        root, labels = _stanford40(tmp)
+        root, labels = layouts.stanford40(tmp)
         flags = ["--stanford40-root", str(root), "--stanford40-labels", str(labels)]
         cats = ["action", "location", "mood"]
     else:
-        flags = ["--shotbench-tsv", str(_shotbench(tmp))]
+        flags = ["--shotbench-tsv", str(layouts.shotbench(tmp))]
         cats = ["shot size", "camera angle"]
     out = tmp_path / "out"
     argv = ["reproduce", f"controlembed-{dataset}", "--encoder", ENC, *flags, "--out", str(out),
@@ -341,7 +216,7 @@ THREE_VL_CFG = {"epochs": 1, "batch_size": 8, "max_train_captions": 16, "warmup_
 
 def _three_vl_argv(fixtures, tmp_path: Path, encoder: str, out: Path) -> list[str]:
     return ["reproduce", "3vl-coco", "--encoder", encoder, "--coco-root", str(fixtures["coco_root"]),
-            "--coco-annotations", str(fixtures["coco_ann"]), *_compositional(fixtures["tmp"] / "comp"),
+            "--coco-annotations", str(fixtures["coco_ann"]), *layouts.compositional(fixtures["tmp"] / "comp"),
             "--out", str(out), *_config(tmp_path, "3vl", THREE_VL_CFG)]
 
 
@@ -385,7 +260,7 @@ def test_3vl_coco_finetuning_resumes_after_a_kill(fixtures, tmp_path, monkeypatc
         return real_train(*a, **kw)
 
     argv = ["reproduce", "3vl-coco", "--encoder", ENC, "--coco-root", str(fixtures["coco_root"]),
-            "--coco-annotations", str(fixtures["coco_ann"]), *_compositional(fixtures["tmp"] / "comp-resume"),
+            "--coco-annotations", str(fixtures["coco_ann"]), *layouts.compositional(fixtures["tmp"] / "comp-resume"),
             "--out", str(tmp_path / "out"), *_config(tmp_path, "3vl", {**THREE_VL_CFG, "checkpoint_every": 1})]
     monkeypatch.setattr(loop, "train", killed)
     assert main(argv) == 130
@@ -439,7 +314,7 @@ def test_encoder_that_cannot_load_lists_the_forms(tmp_path, capsys):
     labels = {f"{i}": {"color": "red" if i % 2 else "blue", "shape": "cube", "split": "train" if i < 4 else "test"}
               for i in range(6)}
     for name in labels:
-        _img(tmp_path / "images" / f"{name}.png", rng)
+        layouts.write_image(tmp_path / "images" / f"{name}.png", rng)
     (tmp_path / "clevr_4_annots.json").write_text(json.dumps(labels))
     for spec in ("open_clip:ViT-Nope-32", "clip:ViT-B-32", f"hf:{tmp_path / 'missing'}"):
         err = _err(capsys, ["reproduce", "controlembed-clevr4", "--encoder", spec, "--clevr4-root", str(tmp_path),

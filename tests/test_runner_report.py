@@ -82,3 +82,26 @@ def test_stages_say_when_they_start_end_and_are_reused(tmp_path, capsys):
     assert line.startswith("[vlctl] stage train: reused ") and "computed in" in line
     Runner(tmp_path, verbose=False).stage("train", {"x": 2}, lambda d: None)
     assert capsys.readouterr().err == ""
+
+
+def test_each_stage_records_its_cpu_time_peak_memory_and_bytes_written(tmp_path):
+    """What the scale rehearsal reads per stage (benchmarks/rehearsal/): the peak RSS is the stage's own
+    (reset at its start), so a small stage after a big one does not inherit the big one's peak."""
+    import numpy as np
+
+    def big(d):
+        a = np.ones(400 * 2**20 // 8)  # 400 MiB, touched
+        (d / "a.npy").write_bytes(a[: 2**20 // 8].tobytes())  # 1 MiB written
+
+    r = Runner(tmp_path)
+    r.stage("big", {}, big)
+    r.stage("small", {}, lambda d: None)
+    with r.measure("evaluate"):
+        sum(range(10**6))
+    b, s, e = r.timings["big"], r.timings["small"], r.timings["evaluate"]
+    assert b["peak_rss_bytes"] > 400 * 2**20 and s["peak_rss_bytes"] < b["peak_rss_bytes"] - 300 * 2**20
+    assert b["written_bytes"] >= 2**20 and b["cpu_seconds"] > 0 and b["cached"] is False
+    assert e["cached"] is False and e["seconds"] > 0 and e["cpu_seconds"] > 0
+    again = Runner(tmp_path)
+    again.stage("big", {}, big)
+    assert again.timings["big"]["cached"] is True and "peak_rss_bytes" not in again.timings["big"]

@@ -319,3 +319,32 @@ def test_warmup_epochs_are_that_many_epochs_of_steps(world):
     for a, b in zip(by_epochs.mask_.parameters(), by_steps.mask_.parameters()):
         assert torch.equal(a, b)
     assert not all(torch.equal(a, b) for a, b in zip(by_epochs.mask_.parameters(), no_warmup.mask_.parameters()))
+
+
+def test_fit_keeps_the_sae_codes_sparse_and_scores_a_bounded_holdout():
+    """Issue 45: the mask trains on the frozen SAE's codes kept as (n, k) indices and values, densified a
+    batch at a time; dense they were n x d1 floats held for the whole fit (the scale rehearsal's tevi-coco
+    was killed for memory at 566k pairs x 2,048 latents; the paper's 16,384 latents would need 37 GB)."""
+    import re
+
+    from vlctl.methods.tevi.estimator import _sparse_codes
+    from vlctl.recipes.runner import measured
+
+    def rss() -> int:
+        with open("/proc/self/status") as f:
+            return 1024 * int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1))
+
+    g = torch.Generator().manual_seed(0)
+    n = 60_000  # x 4,092 latents: 982 MB of dense codes
+    x, t = torch.randn(n, D, generator=g), torch.randn(n, D, generator=g)
+    sae = SparseAutoencoder(k=4, expansion=341, aux_k=0, epochs=1, batch_size=4096).fit(x[:8192], "enc-a")
+    idx, val = _sparse_codes(sae._check_fitted(), x[:1000], chunk=300)
+    assert torch.equal(torch.zeros(1000, 4092).scatter_(1, idx.long(), val), sae.encode(x[:1000]))
+    cost: dict = {}
+    before = rss()
+    with measured(cost):
+        tevi = TEVI(hidden=8, epochs=1, batch_size=512).fit(x, t, sae=sae)
+    assert cost["peak_rss_bytes"] - before < 300 * 2**20
+    # 6,000 held-out images (10%): α is chosen on the first 2,000 and their captions, all pairs scored
+    # (all 6,000 x 6,000 would grow as the square of the data: COCO's took over 8 GB)
+    assert tevi.heldout_["n_images"] == tevi.heldout_["n_texts"] == 2000

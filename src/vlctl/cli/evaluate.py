@@ -95,6 +95,9 @@ def reproduce_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=out_path("dir"),
                    help="output directory: results.json, report.md/html, figures/, arrays/")
     p.add_argument("--force", action="store_true", help="recompute every stage instead of reusing cached ones")
+    p.add_argument("--plan", action="store_true",
+                   help="print the stages, their expected time (this CPU, one GPU), peak memory and disk, and which "
+                   "are cached, from the dataset sizes in the annotation files; run nothing (real recipes)")
     p.add_argument("--stages", default=None, type=out_path("dir"), help="stage cache directory (default OUT/stages); point recipes at the "
                    "same one to share stages, e.g. tevi-mad reuses mad-clip's trained CLIP")
     real = p.add_argument_group("real recipes (tevi-coco, controlembed-*, 3vl-coco)")
@@ -172,6 +175,14 @@ def reproduce(args: argparse.Namespace) -> dict:
         raise VlctlError(f"--encoder / --recipe-config apply to the real recipes ({', '.join(REAL_RECIPES)}); "
                          f"{args.name} generates its data and trains its own TinyCLIP")
     options = _real_options(args.name, args) if real else {}
+    if args.plan:
+        from vlctl.recipes.plan import plan
+
+        if not real:
+            raise VlctlError(f"--plan applies to the real recipes ({', '.join(REAL_RECIPES)}); {args.name} is a "
+                             "synthetic one")
+        plan(args.name, options["cfg"], options["data"], Path(args.stages or Path(args.out) / "stages"))
+        return {}  # the plan is printed: nothing else to say
     # `all` shares one stage cache, so later recipes reuse earlier ones' stages (tevi-mad: the CLIP).
     stages = args.stages or (Path(args.out) / "stages" if args.name == "all" else None)
     scratch = args.from_scratch or args.force

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +30,8 @@ from vlctl.fsops import VlctlError
 from vlctl.io import atomic_save_npz, atomic_write_json, read_json, sha256_file, sha256_json
 from vlctl.progress import say
 
+# A caption costs about a quarter of an image to embed (a text tower of a ViT-B CLIP; measured on CPU).
+TEXT_COST = 0.25
 RANDOM_WEIGHTS_NOTE = (
     "The encoder has RANDOM weights: every number in this report is meaningless as a result; the run checks "
     "the mechanics (stages, caches, keys, report) only."
@@ -44,6 +47,8 @@ class EncoderRun:
                          choices=("fp32", "bf16", "fp16"))
     batch_size: int = opt(256, "images / captions per forward pass when embedding", ge=1, le=65536)
     workers: int = opt(0, "DataLoader processes decoding images (0 = in the main process)", ge=0, le=256)
+    embed_chunk: int = opt(50_000, "images per saved chunk of an embedding stage: a killed stage resumes after "
+                           "its last saved chunk", ge=1, le=10**9)
 
 
 def is_random(encoder_id: str) -> bool:
@@ -161,11 +166,10 @@ def embed_files_and_texts(encoder: Any, paths: Sequence[Path], texts: Sequence[s
         failures += res.failures
     rate = k / max(time.perf_counter() - t0, 1e-9) * world_size
     peak = _peak_bytes(rank_device(run.device)) or _model_bytes(encoder)
-    # Texts cost about a quarter of an image each (a text tower of a ViT-B CLIP; measured on CPU).
     if rank == 0:
         ranks = f" over {world_size} ranks" if world_size > 1 else ""
         say(f"{what}: {n_all} images + {m_all} texts{ranks}, about "
-            f"{(n_all - k * world_size + m_all / 4) / max(rate, 1e-9):.0f} s more at {rate:.1f} images/s (measured "
+            f"{(n_all - k * world_size + m_all * TEXT_COST) / max(rate, 1e-9):.0f} s more at {rate:.1f} images/s (measured "
             f"on the first {k}), about {(peak + (n_all + m_all) * d * 4) / 2**30:.2f} GiB")
     if len(paths) > k:
         res = embed_image_files(encoder, paths[k:], extract, progress=rank == 0, precision=run.precision)
@@ -216,19 +220,43 @@ def embed_sharded(encoder: Any, paths: Sequence[Path], texts: Sequence[str], run
 def embed_stage(runner: Any, name: str, lazy: LazyEncoder, key: dict, paths: Sequence[Path], texts: Sequence[str],
                 run: EncoderRun, extra: dict[str, np.ndarray] | Callable[[], dict] | None = None) -> Path:
     """A cached stage holding embeddings.npz (image_emb, text_emb, **extra) and encoder.json.
-    `extra`: more arrays, or a function returning them (called only when the stage is computed)."""
+    `extra`: more arrays, or a function returning them (called only when the stage is computed).
 
-    def compute(work: Path) -> None:
+    The rows are embedded `run.embed_chunk` images (and the same share of the texts) at a time, each
+    chunk saved under the stage's `.partial/checkpoint/` with a state.json naming the chunks done and
+    the encoder id: a stage killed after hours of a CC12M-size embedding resumes at its first chunk
+    not saved (of the same encoder), instead of starting over."""
+
+    def compute(work: Path, resume: bool) -> None:
+        from vlctl.train.distributed import barrier
+
         enc = lazy.get()
-        got = embed_sharded(enc, paths, texts, run, f"stage {name}", work)
-        if got is None:  # a rank other than 0: its shard is in rank 0's hands
+        ck = work / "checkpoint"
+        n_chunks = max(1, -(-len(paths) // run.embed_chunk))
+        per_text = -(-len(texts) // n_chunks)
+        state = read_json(ck / "state.json", "embedding checkpoint") if resume else {}
+        done = state.get("chunks", 0) if state.get("encoder_id") == enc.id and state.get("of") == n_chunks else 0
+        if done:
+            say_main(f"stage {name}: {done} of {n_chunks} chunks embedded before the kill; going on from there")
+        for c in range(done, n_chunks):
+            what = f"stage {name}" + (f" (chunk {c + 1}/{n_chunks})" if n_chunks > 1 else "")
+            got = embed_sharded(enc, paths[c * run.embed_chunk:(c + 1) * run.embed_chunk],
+                                texts[c * per_text:(c + 1) * per_text], run, what, work)
+            if got is not None:  # rank 0 holds the chunk; the others' parts are in it
+                atomic_save_npz(ck / f"chunk-{c:05d}.npz", image_emb=got[0], text_emb=got[1])
+                atomic_write_json(ck / "state.json", {"chunks": c + 1, "of": n_chunks, "encoder_id": enc.id})
+            barrier()
+        if not is_main_rank():
             return
+        parts = [dict(np.load(ck / f"chunk-{c:05d}.npz")) for c in range(n_chunks)]
         more = extra() if callable(extra) else (extra or {})
-        atomic_save_npz(work / "embeddings.npz", image_emb=got[0], text_emb=got[1], **more)
+        atomic_save_npz(work / "embeddings.npz", image_emb=np.concatenate([p["image_emb"] for p in parts]),
+                        text_emb=np.concatenate([p["text_emb"] for p in parts]), **more)
         atomic_write_json(work / "encoder.json", {"encoder_id": enc.id, "spec": lazy.canonical_spec})
+        shutil.rmtree(ck)  # embeddings.npz replaces the chunks
 
     stage = runner.stage(name, {"encoder": lazy.canonical_spec, "precision": run.precision, **key}, compute,
-                         distributed=True)
+                         resumable=True, distributed=True)
     check_stage_encoder(stage, lazy.get().id)
     return stage
 

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import resource
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,45 @@ def has_checkpoint(partial: Path) -> bool:
     checkpoint writes last) under a `checkpoint*` folder, at any depth (`run/checkpoint/`, a swap's `.new`)."""
     return partial.is_dir() and any(any(q.startswith("checkpoint") for q in p.relative_to(partial).parts[:-1])
                                     for p in partial.rglob("state.json"))
+
+
+def _proc_field(path: str, pattern: str) -> int | None:
+    try:
+        with open(path) as f:
+            m = re.search(pattern, f.read())
+    except OSError:  # not Linux, or /proc not mounted
+        return None
+    return int(m.group(1)) if m else None
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of the children it has waited for (DataLoader
+    workers, the DDP processes a training stage starts)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@contextlib.contextmanager
+def measured(record: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Fill `record` with what the block cost: wall `seconds`, `cpu_seconds`, `peak_rss_bytes` (this
+    process's high-water mark, reset at the start where Linux allows it: /proc/self/clear_refs; else
+    the process's peak so far) and `written_bytes` (to disk by this process, /proc/self/io). The
+    scale rehearsal reads these per stage (benchmarks/rehearsal/)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    w0, c0, t0 = _proc_field("/proc/self/io", r"write_bytes:\s+(\d+)"), _cpu_seconds(), time.perf_counter()
+    try:
+        yield record
+    finally:
+        w1 = _proc_field("/proc/self/io", r"write_bytes:\s+(\d+)")
+        hwm = _proc_field("/proc/self/status", r"VmHWM:\s+(\d+) kB")
+        record.update(seconds=time.perf_counter() - t0, cpu_seconds=round(_cpu_seconds() - c0, 3),
+                      peak_rss_bytes=1024 * (hwm if hwm is not None else
+                                             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss),
+                      written_bytes=None if w0 is None or w1 is None else w1 - w0)
 
 
 class Runner:
@@ -114,11 +155,12 @@ class Runner:
             return final
         resume = plan["kind"] == "resume"
         runs_here = self.is_main or distributed
-        t0 = time.perf_counter()
-        if runs_here:
-            with heartbeat(f"stage {name}") if self.verbose else contextlib.nullcontext():
-                fn(partial, resume) if resumable else fn(partial)
-        seconds = time.perf_counter() - t0
+        cost: dict[str, Any] = {}
+        with measured(cost):
+            if runs_here:
+                with heartbeat(f"stage {name}") if self.verbose else contextlib.nullcontext():
+                    fn(partial, resume) if resumable else fn(partial)
+        seconds = cost["seconds"]
         # Every rank's part is finished (a rank that died never gets here: the stage stays partial).
         self._gather(True)
         if self.is_main:
@@ -128,8 +170,17 @@ class Runner:
             shutil.rmtree(final, ignore_errors=True)
             os.replace(partial, final)
         self._gather(True)  # the others read the stage only once it is renamed
-        self.timings[name] = {"seconds": seconds, "cached": False}
+        self.timings[name] = {**cost, "cached": False, **({"resumed": True} if resume else {})}
         return final
+
+    @contextlib.contextmanager
+    def measure(self, name: str) -> Iterator[None]:
+        """Work done outside a cached stage (a recipe's evaluation): timed and measured like a stage
+        into `timings[name]`, with the same heartbeat, so it is never silent for more than 30 s."""
+        cost: dict[str, Any] = {}
+        with measured(cost), heartbeat(name) if self.verbose else contextlib.nullcontext():
+            yield
+        self.timings[name] = {**cost, "cached": False}
 
     def _prepare(self, name: str, key: dict, final: Path, partial: Path, resumable: bool) -> dict:
         """Rank 0: reuse, copy the shipped stage, or make the stage's `.partial/` (kept to resume)."""

@@ -14,6 +14,7 @@ array `vlctl.eval.metrics.recall_at_k` takes), and per-image fields (split, ids,
     load_rococo("same_concept.json")                                    5 original + 5 altered
     load_long_captions("iiw_docci_test.jsonl", field="DOCCI")           IIW / DOCCI descriptions
     iter_webdataset("shards/{00000..00031}.tar")                        img2dataset tar shards, streamed
+    unpack_webdataset("shards/{00000..00031}.tar", "unpacked/")         ... as image files + captions
 
 Missing images: with `root` given, every image path is checked. `on_missing="error"` (default)
 raises a VlctlError saying how many are missing, which ones (the first 10) and the root looked in;

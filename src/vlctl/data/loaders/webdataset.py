@@ -52,6 +52,16 @@ def expand_shards(spec: str | os.PathLike | Sequence[str | os.PathLike]) -> list
     return [Path(s)]
 
 
+def _existing_shards(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """The shard paths, all missing ones named before any is read."""
+    paths = expand_shards(shards)
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        shown = ", ".join(missing[:_SHOW]) + (f", ... ({len(missing) - _SHOW} more)" if len(missing) > _SHOW else "")
+        raise VlctlError(f"{len(missing)} of {len(paths)} WebDataset shards not found: {shown}")
+    return paths
+
+
 def iter_webdataset(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> Iterator[WebDatasetSample]:
     """Stream the samples of WebDataset tar shards in order, one shard open at a time.
 
@@ -65,11 +75,7 @@ def iter_webdataset(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> 
     """
     import tarfile
 
-    paths = expand_shards(shards)
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        shown = ", ".join(missing[:_SHOW]) + (f", ... ({len(missing) - _SHOW} more)" if len(missing) > _SHOW else "")
-        raise VlctlError(f"{len(missing)} of {len(paths)} WebDataset shards not found: {shown}")
+    paths = _existing_shards(shards)
     for shard in paths:
         current: str | None = None
         files: dict[str, bytes] = {}
@@ -106,3 +112,51 @@ def _wds_sample(key: str, shard: Path, files: dict[str, bytes]) -> WebDatasetSam
     return WebDatasetSample(key, str(shard), files.get(ext) if ext else None, ext, caption, meta)
 
 
+
+
+def unpack_webdataset(shards: str | os.PathLike | Sequence[str | os.PathLike], out: str | os.PathLike,
+                      progress: bool = True) -> tuple[list[Path], list[str], list[Path]]:
+    """The image-and-caption samples of WebDataset shards as files: (image paths, captions, the
+    per-shard manifests), for stages that read image files. Samples without an image or a caption
+    (img2dataset's failed downloads) are left out.
+
+    Each shard unpacks into OUT/<16 hex of its path, size and mtime>/, finished by a `pairs.json`
+    manifest written last: a rerun reads the manifests of finished shards without opening their
+    tars (a killed unpack resumes at the first shard without one), and shards that changed, or
+    another shard set, never reuse another's images. The images are renamed into place unsynced,
+    and synced once per shard before its manifest, so a million small files do not cost a million
+    fsyncs.
+    """
+    import hashlib
+
+    from vlctl.io import atomic_write_json, read_json
+    from vlctl.progress import progress_bar
+
+    paths, caps, manifests = [], [], []
+    shard_paths = _existing_shards(shards)
+    with progress_bar(total=len(shard_paths), desc="unpacking WebDataset shards", unit="shards",
+                      disable=not progress) as bar:
+        for shard in shard_paths:
+            st = shard.stat()
+            tag = hashlib.sha256(repr((str(shard.resolve()), st.st_size, st.st_mtime_ns)).encode())
+            d = Path(out) / tag.hexdigest()[:16]
+            manifest = d / "pairs.json"
+            if not manifest.is_file():
+                d.mkdir(parents=True, exist_ok=True)
+                pairs = []
+                for s in iter_webdataset([shard]):
+                    if s.image is None or not s.caption:
+                        continue
+                    name = f"{len(pairs):09d}.{s.image_ext or 'jpg'}"
+                    tmp = d / f".{name}.tmp"
+                    tmp.write_bytes(s.image)
+                    os.replace(tmp, d / name)
+                    pairs.append([name, s.caption])
+                os.sync()  # the images on disk before the manifest that vouches for them
+                atomic_write_json(manifest, {"shard": str(shard), "pairs": pairs})
+            for name, caption in read_json(manifest, "unpacked shard manifest")["pairs"]:
+                paths.append(d / name)
+                caps.append(caption)
+            manifests.append(manifest)
+            bar.update(1)
+    return paths, caps, manifests

@@ -47,6 +47,10 @@ __all__ = ["TEVI", "TeviMask", "edit"]
 
 # --- the mask ----------------------------------------------------------------------------------
 
+# Held-out images scored against all held-out captions to choose α: every pair is scored, so the cost is
+# the square of their number; COCO's 10% holdout (11k images x 57k captions) took over 8 GB.
+HELDOUT_SCORED_IMAGES = 2_000
+
 
 class TeviMask(nn.Module):
     """f_m: text embedding (n, d) -> mask (n, d1) in [0, 1], a 3-layer ReLU MLP, plus the InfoNCE
@@ -249,7 +253,10 @@ class TEVI(Estimator):
                 new_row = np.full(len(partners) + 1, -1, dtype=np.int64)  # last entry: partner -1 stays -1
                 new_row[train_rows] = np.arange(len(train_rows))
                 partners = new_row[partners[train_rows]]
-        latents = sae.encode(x)  # (n, d1), the frozen SAE's codes, computed once
+        # The frozen SAE's codes, computed once and kept sparse (each row's k kept latents); each batch is
+        # densified. Dense they are n x d1 floats: 566k COCO pairs x 16,384 latents = 37 GB at the paper's
+        # size (the scale rehearsal's tevi-coco was killed for memory at 2,048 latents).
+        code_idx, code_val = _sparse_codes(sae_model, x)
         torch.manual_seed(cfg.seed)
         mask = TeviMask(cfg)
         net = _TeviTrainer(mask, sae_model.W_D, sae_model.b_pre, text_encoder)
@@ -267,7 +274,7 @@ class TEVI(Estimator):
             if partners is not None:
                 idx = with_partners(idx, partners)
             idx = torch.as_tensor(idx)
-            return latents[idx], captions[idx]
+            return torch.zeros(len(idx), d1).scatter_(1, code_idx[idx].long(), code_val[idx]), captions[idx]
 
         def loss_fn(model: nn.Module, batch):
             loss, mean_mask = model(*batch)
@@ -294,7 +301,8 @@ class TEVI(Estimator):
         self.text_encoder_ = None if text_encoder is None else text_encoder.cpu().eval()
         self.sae_ = sae
         self.encoder_id_ = sae.encoder_id_
-        self.heldout_ = self._measure(held_x, held_captions) if len(held_rows) else None
+        self.heldout_ = self._measure(*_first_images(held_x, held_captions, HELDOUT_SCORED_IMAGES)) \
+            if len(held_rows) else None
         self.alpha_ = model_alpha(cfg.alpha, self.heldout_)
         if self.heldout_:
             self.heldout_["fused"] = self.heldout_["by_alpha"].get(f"{self.alpha_:.1f}")
@@ -499,3 +507,20 @@ class TEVI(Estimator):
                                    {"text_encoder_finetuned": bool(meta.get("text_encoder_finetuned"))})
         except (KeyError, TypeError, AttributeError) as e:
             raise VlctlError(f"{cfg_path}: corrupt TEVI config ({e!r})") from None
+
+
+@torch.no_grad()
+def _sparse_codes(model: nn.Module, x: torch.Tensor, chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """The TopK SAE's codes of `x` as (n, k) int32 latent indices and (n, k) values, `chunk` rows at a
+    time: neither the codes nor one pass's pre-activations are ever n x d1."""
+    parts = [model.encode_topk(x[i:i + chunk]) for i in range(0, len(x), chunk)]
+    return (torch.cat([p[0] for p in parts]).int() if parts else torch.zeros(0, model.cfg.k, dtype=torch.int32),
+            torch.cat([p[1] for p in parts]) if parts else torch.zeros(0, model.cfg.k))
+
+
+def _first_images(x: torch.Tensor, captions: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pairs (x[i], captions[i]) of the first `n` distinct images of x (rows equal in x are one
+    image; np.unique's order), all their captions kept."""
+    _, image = np.unique(x.numpy(), axis=0, return_inverse=True)
+    keep = torch.as_tensor(image.reshape(-1) < n)
+    return x[keep], captions[keep]

@@ -404,12 +404,13 @@ def _run(name: str, out: Path, quick: bool, force: bool, stages, encoder: str | 
     run_cfg = encoder_run or EncoderRun()
     out = Path(out)
     t_start = time.perf_counter()
-    if name == "clevr4":
-        fit, ev = _clevr4(data or Clevr4Data(), cfg)
-    elif name == "stanford40":
-        fit, ev = _stanford40(data or Stanford40Data(), cfg)
-    else:
-        fit, ev = _shotbench(data or ShotBenchData(), cfg, runner.stages / "shotbench-images")
+    with runner.measure("data"):  # reading the annotations
+        if name == "clevr4":
+            fit, ev = _clevr4(data or Clevr4Data(), cfg)
+        elif name == "stanford40":
+            fit, ev = _stanford40(data or Stanford40Data(), cfg)
+        else:
+            fit, ev = _shotbench(data or ShotBenchData(), cfg, runner.stages / "shotbench-images")
     lazy = LazyEncoder(encoder, run_cfg)
     values = _values(fit, ev)
     texts: dict[str, np.ndarray] = {}
@@ -439,11 +440,9 @@ def _run(name: str, out: Path, quick: bool, force: bool, stages, encoder: str | 
                            resumable=True, distributed=True)
     if not runner.leave():
         return out / "report.md"
-    t_eval = time.perf_counter()
-    with warnings.catch_warnings():
+    with runner.measure("evaluate"), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # sklearn / k-means chatter on tiny fixtures
         res = evaluate(cfg, fit_emb, ev_emb, fit, ev, fit_dir, out)
-    runner.timings["evaluate"] = {"seconds": time.perf_counter() - t_eval, "cached": False}
     results = {"recipe": f"controlembed-{name}", "quick": quick, "config": config_to_dict(cfg),
                "data": config_to_dict(data) if data is not None else None, "encoder_run": config_to_dict(run_cfg),
                "encoder_id": encoder_id, "encoder_spec": lazy.canonical_spec, "random_weights": is_random(encoder_id),

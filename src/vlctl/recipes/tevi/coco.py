@@ -95,26 +95,16 @@ def _train_pairs(data: TeviCocoData, work_images: Path | None = None):
     """(image paths, captions, image_of_text, files hashed) of the training pairs."""
     from vlctl.data.loaders.folder import load_caption_table
     from vlctl.data.loaders.retrieval import load_karpathy
-    from vlctl.data.loaders.webdataset import iter_webdataset
+    from vlctl.data.loaders.webdataset import unpack_webdataset
 
     if data.train_shards:
         if work_images is None:
             raise VlctlError("train shards need a directory to unpack into")
-        paths, caps = [], []
-        from vlctl.io import atomic_write_bytes
-
-        for s in iter_webdataset(data.train_shards):
-            if s.image is None or not s.caption:
-                continue  # img2dataset writes failed downloads as samples without an image
-            p = work_images / f"{len(paths):09d}.{s.image_ext or 'jpg'}"
-            if not p.is_file():
-                atomic_write_bytes(p, s.image)
-            paths.append(p)
-            caps.append(s.caption)
+        paths, caps, manifests = unpack_webdataset(data.train_shards, work_images, progress=is_main_rank())
         if not paths:
             raise VlctlError(f"{data.train_shards}: no sample with an image and a caption; expected "
                              "<key>.jpg + <key>.txt per sample (img2dataset's WebDataset output)")
-        return paths, caps, np.arange(len(caps)), []
+        return paths, caps, np.arange(len(caps)), manifests
     if data.train_table:
         table = need_file(data.train_table, flag("train_table"), "table")
         root = need_dir(data.train_table_root, flag("train_table_root"), "table")
@@ -388,7 +378,8 @@ def run(out: Path, quick: bool = False, force: bool = False, stages: str | Path 
     lazy = LazyEncoder(encoder, run_cfg)
     out = Path(out)
 
-    paths, caps, iot, files = _train_pairs(data, runner.stages / "shards-unpacked" if data.train_shards else None)
+    with runner.measure("data"):  # reading the annotations (and unpacking WebDataset shards)
+        paths, caps, iot, files = _train_pairs(data, runner.stages / "shards-unpacked" if data.train_shards else None)
     if cfg.max_train_pairs:
         keep = np.arange(len(caps))[: cfg.max_train_pairs]
         caps, iot = [caps[i] for i in keep], iot[keep]
@@ -449,30 +440,29 @@ def run(out: Path, quick: bool = False, force: bool = False, stages: str | Path 
     from vlctl.methods.sae.model import SparseAutoencoder, fraction_variance_unexplained
     from vlctl.methods.tevi.estimator import TEVI
 
-    t_eval = time.perf_counter()
-    tower = _TextTower.build(lazy.get()) if cfg.text_finetune else None
-    tevi = TEVI.load(tevi_dir / "tevi", text_encoder=tower)
-    sae = SparseAutoencoder.load(sae_dir / "sae")
-    arrays = out / "arrays"
-    tuned = {}
-    if tower is not None:  # TEVI scores captions embedded by its fine-tuned text tower; the base keeps its own
-        for name, d in bench.items():
-            tuned[name] = _tower_texts(tevi.text_encoder_, lazy.get(), d.captions, device)
-    retrieval = {name: _evaluate_benchmark(cfg, tevi, e, name, arrays, tuned.get(name)) for name, e in bench_emb.items()}
-    h = bench_emb[headline]
-    img_p, txt = h["image_emb"][h["image_of_text"]], tuned.get(headline, h["text_emb"])
-    edited = tevi.edit(img_p, txt).numpy()
-    cos_before = metrics.positive_pair_cosine(img_p, h["text_emb"])
-    cos_after = metrics.positive_pair_cosine(edited, txt)
-    atomic_save_npz(arrays / "alignment.npz", image_emb=img_p, edited_emb=edited, text_emb=txt,
-                    base_text_emb=h["text_emb"])
-    rec = sae.reconstruct(test_img).numpy()
-    rococo = None
-    if rococo_emb is not None:
-        pool = None if tower is None else _tower_texts(tevi.text_encoder_, lazy.get(), rococo_texts, device)
-        rococo = _rococo(cfg, tevi, rococo_emb, arrays, pool)
-    atomic_write_text(arrays / "README.md", ARRAYS_README)
-    runner.timings["evaluate"] = {"seconds": time.perf_counter() - t_eval, "cached": False}
+    with runner.measure("evaluate"):
+        tower = _TextTower.build(lazy.get()) if cfg.text_finetune else None
+        tevi = TEVI.load(tevi_dir / "tevi", text_encoder=tower)
+        sae = SparseAutoencoder.load(sae_dir / "sae")
+        arrays = out / "arrays"
+        tuned = {}
+        if tower is not None:  # TEVI scores captions embedded by its fine-tuned text tower; the base keeps its own
+            for name, d in bench.items():
+                tuned[name] = _tower_texts(tevi.text_encoder_, lazy.get(), d.captions, device)
+        retrieval = {name: _evaluate_benchmark(cfg, tevi, e, name, arrays, tuned.get(name)) for name, e in bench_emb.items()}
+        h = bench_emb[headline]
+        img_p, txt = h["image_emb"][h["image_of_text"]], tuned.get(headline, h["text_emb"])
+        edited = tevi.edit(img_p, txt).numpy()
+        cos_before = metrics.positive_pair_cosine(img_p, h["text_emb"])
+        cos_after = metrics.positive_pair_cosine(edited, txt)
+        atomic_save_npz(arrays / "alignment.npz", image_emb=img_p, edited_emb=edited, text_emb=txt,
+                        base_text_emb=h["text_emb"])
+        rec = sae.reconstruct(test_img).numpy()
+        rococo = None
+        if rococo_emb is not None:
+            pool = None if tower is None else _tower_texts(tevi.text_encoder_, lazy.get(), rococo_texts, device)
+            rococo = _rococo(cfg, tevi, rococo_emb, arrays, pool)
+        atomic_write_text(arrays / "README.md", ARRAYS_README)
     results = {
         "recipe": "tevi-coco", "quick": quick, "config": config_to_dict(cfg), "data": config_to_dict(data),
         "encoder_run": config_to_dict(run_cfg), "encoder_id": encoder_id, "encoder_spec": lazy.canonical_spec,
