@@ -61,6 +61,11 @@ def new_part(cfg: IndexConfig, dim: int, x: np.ndarray, trained):
     return faiss.clone_index(trained), trained
 
 
+def faiss_type(part, trained) -> str:
+    """The FAISS class of a part's rows' index: IndexIVFPQ, IndexHNSWFlat."""
+    return type(trained if trained is not None else faiss_module().downcast_index(part.index)).__name__
+
+
 def combine(parts: list, cfg: IndexConfig, trained):
     """(one searchable index over the parts, what it reads) (module docstring): the caller keeps
     `parts` and the second value alive while it uses the index."""

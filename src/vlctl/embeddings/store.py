@@ -72,6 +72,7 @@ from vlctl.embeddings.parts import (
     INDEX_DIR,
     TRAINED,
     combine,
+    faiss_type,
     has_index,
     new_part,
     part_name,
@@ -508,6 +509,7 @@ class Store:
             write_index(trained, self.path / TRAINED)
             record["trained"] = {**_index_file(self.path, TRAINED), "faiss_type": type(trained).__name__}
         record["config"] = config_to_dict(self.config)
+        record["faiss_type"] = faiss_type(part, trained)
         record["parts"] = [*record.get("parts", []), {**_index_file(self.path, name), "rows": int(part.ntotal)}]
         if self.config.kind == "ivfpq" and self.config.target_recall > 0:
             arrays = [*self.images_table._arrays, np.load(self.path / shard_names("image", shard_no)[0], mmap_mode="r")]
