@@ -39,8 +39,10 @@ _NUMBERED = re.compile(r"^(?:img_emb|text_emb|metadata)_(\d+)\.(?:npy|parquet)$"
 
 
 def is_foreign(path: Path) -> bool:
-    """A clip-retrieval folder: `img_emb/` and no vlctl manifest."""
-    return (path / "img_emb").is_dir() and not (path / "manifest.json").exists()
+    """A clip-retrieval folder: `img_emb/`, no vlctl manifest, none of the directories only a vlctl
+    store has (a store that lost its manifest is refused, unless it is that layout and no more)."""
+    return ((path / "img_emb").is_dir() and not (path / "manifest.json").exists()
+            and not (path / "text_metadata").exists() and not (path / "index").exists())
 
 
 def sidecar(path: Path) -> Path:

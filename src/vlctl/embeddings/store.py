@@ -96,7 +96,7 @@ from vlctl.embeddings.table import (
     write_shard,
 )
 from vlctl.embeddings.tuning import tune_store
-from vlctl.fsops import VlctlError, locked, output_policy
+from vlctl.fsops import VlctlError, fsync_dir, locked, output_policy
 from vlctl.io import atomic_write_json, read_json, sha256_file
 
 __all__ = ["Store", "create_store", "open_or_create_store", "open_store"]
@@ -431,7 +431,7 @@ class Store:
         metadata = [{} for _ in range(n)] if metadata is None else list(metadata)
         if len(metadata) != n:
             raise VlctlError(f"add: {n} embeddings but {len(metadata)} metadata rows")
-        meta_table, meta_json = metadata_table(metadata, "image")
+        meta_table, meta_encoding = metadata_table(metadata, "image")
         t = None if texts is None else check_rows(texts, self.dim, self.path, self.encoder_id, "text embeddings")
         m = 0 if t is None else len(t)
         text_metadata = [] if text_metadata is None else list(text_metadata)
@@ -446,7 +446,7 @@ class Store:
         if bad is not None:
             raise VlctlError(f"add: text metadata row {bad} names image {text_metadata[bad]['image']!r}, "
                              f"the store will hold image rows 0..{total - 1}")
-        txt_meta_table, txt_meta_json = metadata_table(text_metadata, "text")
+        txt_meta_table, txt_meta_encoding = metadata_table(text_metadata, "text")
         if n == 0 and m == 0:
             return self
 
@@ -469,7 +469,7 @@ class Store:
                 write_shard(self.path, emb_name, x, self.dim, part, "image", normalized, dtype, len(self))
                 write_metadata(self.path, meta_name, meta_table)
                 manifest["shards"] = [*self.manifest["shards"],
-                                      shard_record(self.path, n, emb_name, meta_name, meta_json)]
+                                      shard_record(self.path, n, emb_name, meta_name, meta_encoding)]
                 manifest["count"] = total
                 if part is not None:
                     manifest["index"] = self._index_record(part, trained, shard_no)
@@ -481,12 +481,15 @@ class Store:
                 write_shard(self.path, emb_name, t, self.dim, None, "text", normalized, dtype)
                 write_metadata(self.path, meta_name, txt_meta_table)
                 manifest["texts"] = {"count": old["count"] + m, "shards": [
-                    *old["shards"], shard_record(self.path, m, emb_name, meta_name, txt_meta_json)]}
+                    *old["shards"], shard_record(self.path, m, emb_name, meta_name, txt_meta_encoding)]}
         except BaseException:
             # The in-memory index may hold part of the rows: drop it, the files on disk are intact.
             self._index, self._parts = None, []
             raise
 
+        # The renames into the directories made durable before the manifest names their files.
+        for d in [d for d in _DIRS if (self.path / d).is_dir()] + ["."]:
+            fsync_dir(self.path / d)
         # the manifest, in one rename: from here on the new store is the store
         manifest["format"] = FORMAT
         manifest["generation"] = generation

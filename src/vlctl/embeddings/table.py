@@ -3,9 +3,9 @@
 Sharded (rows, dim) `.npy` files (float32, or float16 when the store was created with
 `dtype="float16"`), memory-mapped when read and handed out as float32, one per `add`; and a
 parquet file per shard holding the rows' fields, row-aligned (clip-retrieval's layout: see
-`vlctl.embeddings.store`). Metadata columns are the rows' fields; rows whose fields do not make
-one typed table (other keys per row, mixed types) go as one JSON string per row in the column
-`JSON_COLUMN`, which the shard record marks.
+`vlctl.embeddings.store`). Metadata columns are the rows' fields (null where a row has not that
+field); rows whose fields do not make one typed table (mixed types) go as one JSON string per row
+in the column `JSON_COLUMN`. The shard record says which (`metadata_encoding`).
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ class Table:
         """Shard s's parquet metadata as an Arrow table (memory-mapped), its row count checked;
         None for a shard without metadata (a foreign folder without metadata/)."""
         if s not in self._metadata_shards:
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
             shard = self.shards[s]
@@ -112,7 +113,7 @@ class Table:
             check_content(file, shard.get("metadata_fast"), shard.get("metadata_sha256"), self.source)
             try:
                 table = pq.read_table(file, memory_map=True)
-            except Exception as e:  # pyarrow raises its own ArrowInvalid / OSError kinds
+            except (pa.ArrowException, OSError) as e:
                 raise VlctlError(f"{file}: cannot read the parquet metadata ({str(e).splitlines()[0]})") from None
             if table.num_rows != shard["rows"]:
                 raise VlctlError(f"{file}: {table.num_rows} metadata rows, but {self.source} says {shard['rows']} "
@@ -131,9 +132,7 @@ class Table:
             table = self._metadata_shard(s)
             if table is None:
                 continue
-            rows = table.take(ids[sel] - int(self._offsets[s])).to_pylist()
-            if self.shards[s].get("metadata_json"):
-                rows = [json.loads(r[JSON_COLUMN]) for r in rows]
+            rows = _rows(table.take(ids[sel] - int(self._offsets[s])), self.shards[s].get("metadata_encoding"))
             for j, r in zip(sel.tolist(), rows):
                 out[j] = r
         return out
@@ -153,23 +152,35 @@ class Table:
 
 
 def metadata_table(metadata: Sequence[dict], what: str):
-    """The rows' fields as an Arrow table and whether it is the JSON column: typed columns when
-    the rows make one table that reads back as they are, else one JSON string per row."""
+    """The rows' fields as (Arrow table, how it reads back): a typed column per field when the rows
+    make one table that reads back as they are, a row's missing field null ("sparse" when some
+    row misses one: nulls are dropped on reading); else one JSON string per row ("json")."""
     import pyarrow as pa
 
     try:
         text = [json.dumps(m, sort_keys=True, ensure_ascii=False) for m in metadata]
     except TypeError as e:
         raise VlctlError(f"add: {what} metadata is not JSON-serialisable ({e})") from None
-    keys = {tuple(sorted(m)) for m in metadata}
-    if len(keys) == 1 and keys != {()}:
+    keys = list(dict.fromkeys(k for m in metadata for k in m))
+    if keys:
+        sparse = any(len(m) != len(keys) for m in metadata)
         try:
-            table = pa.Table.from_pylist(list(metadata))
-            if table.to_pylist() == list(metadata):
-                return table, False
+            table = pa.table({k: [m.get(k) for m in metadata] for k in keys})
+            if _rows(table, "sparse" if sparse else None) == list(metadata):
+                return table, "sparse" if sparse else None
         except (pa.ArrowException, TypeError, ValueError, OverflowError):
             pass  # not one typed table: the JSON column
-    return pa.table({JSON_COLUMN: pa.array(text, pa.string())}), True
+    return pa.table({JSON_COLUMN: pa.array(text, pa.string())}), "json"
+
+
+def _rows(table, encoding: str | None) -> list[dict]:
+    """An Arrow table's rows as the dicts they were written from (`metadata_table`'s encoding)."""
+    rows = table.to_pylist()
+    if encoding == "json":
+        return [json.loads(r[JSON_COLUMN]) for r in rows]
+    if encoding == "sparse":
+        return [{k: v for k, v in r.items() if v is not None} for r in rows]
+    return rows
 
 
 def write_metadata(path: Path, name: str, table) -> None:
@@ -228,7 +239,8 @@ def file_record(path: Path, key: str, name: str) -> dict:
             f"{key}_fast": fast_hash_file(path / name)}
 
 
-def shard_record(path: Path, rows: int, emb_name: str, meta_name: str, metadata_json: bool) -> dict:
-    """A shard's manifest entry: rows, and per file its name, size and hashes (`file_record`)."""
+def shard_record(path: Path, rows: int, emb_name: str, meta_name: str, encoding: str | None) -> dict:
+    """A shard's manifest entry: rows, per file its name, size and hashes (`file_record`), and how
+    its metadata reads back (`metadata_table`)."""
     return {"rows": rows, **file_record(path, "embeddings", emb_name), **file_record(path, "metadata", meta_name),
-            **({"metadata_json": True} if metadata_json else {})}
+            **({"metadata_encoding": encoding} if encoding else {})}
