@@ -161,7 +161,7 @@ def test_float16_halves_the_shards_and_searches_within_rounding(tmp_path):
     q = _clustered(50, 64, 9)
     s32 = create_store(tmp_path / "a", ENC, 64).add(x)
     s16 = create_store(tmp_path / "b", ENC, 64, dtype="float16").add(x)
-    size = lambda d: (d / "img_emb" / "img_emb_00000.npy").stat().st_size  # noqa: E731
+    size = lambda d: (d / "img_emb" / "img_emb_00000.npy").stat().st_size
     assert size(tmp_path / "b") - 128 == (size(tmp_path / "a") - 128) // 2 and s16.manifest["dtype"] == "float16"
     assert s16.embeddings().dtype == np.float32 and np.abs(s16.embeddings() - s32.embeddings()).max() < 1e-3
     a, b = s32.search(q, k=10), open_store(tmp_path / "b").search(q, k=10)
@@ -177,7 +177,7 @@ def test_an_old_store_is_refused_with_its_command_and_converts(tmp_path, capsys)
     (old / "meta-00000.jsonl").write_text("".join(json.dumps({"path": f"{i}.jpg"}) + "\n" for i in range(40)))
     np.save(old / "txt-00000.npy", x[:2])
     (old / "txtmeta-00000.jsonl").write_text('{"image": 0, "text": "a"}\n{"image": 1, "text": "b"}\n')
-    shard = lambda n, e, m: {"rows": n, "embeddings": e, "metadata": m}  # noqa: E731
+    shard = lambda n, e, m: {"rows": n, "embeddings": e, "metadata": m}
     (old / "manifest.json").write_text(json.dumps({
         "format": "vlctl.store/1", "encoder_id": ENC, "encoder_spec": None, "dim": 8, "count": 40, "generation": 1,
         "shards": [shard(40, "emb-00000.npy", "meta-00000.jsonl")],
