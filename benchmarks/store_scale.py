@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from index_bench import _proc_status_mb, recall_at_k, synthetic  # noqa: E402
+from index_bench import _proc_status_mb, recall_at_k, synthetic
 
 DIM, CLUSTERS, SIGMA, K = 512, 1000, 0.6, 10
 
@@ -132,7 +132,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--one-add", str(a), "--dir", str(work), "--add", str(args.add),
                    "--nlist", str(args.nlist), "--pq-m", str(args.pq_m), "--dtype", args.dtype,
                    "--target-recall", str(args.target_recall)] + (["--measure"] if measure else [])
-            done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": "src"})
+            done = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": "src"})
             if done.returncode:
                 raise SystemExit(f"add {a} failed:\n{done.stderr[-3000:]}")
             r = json.loads(done.stdout.strip().splitlines()[-1])
