@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import vlctl.embeddings.parts as parts_mod
 import vlctl.embeddings.store as gallery_mod
 import vlctl.embeddings.table as table_mod
 from vlctl.embeddings.results import exact_rerank
@@ -216,13 +217,14 @@ def test_crash_mid_add_leaves_previous_gallery(tmp_path, monkeypatch, crash_in):
     g = create_gallery(tmp_path / "g", ENC, 8, IndexConfig(kind="hnsw")).add(x[:200], [{"i": i} for i in range(200)])
     before = sorted(str(p.relative_to(tmp_path / "g")) for p in (tmp_path / "g").rglob("*") if p.is_file())
 
-    real = getattr(gallery_mod, crash_in)
+    module = parts_mod if crash_in == "write_index" else gallery_mod
+    real = getattr(module, crash_in)
 
     def crash(*args, **kwargs):
         real(*args, **kwargs)  # the write itself completes; the process dies right after it
         raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(gallery_mod, crash_in, crash)
+    monkeypatch.setattr(module, crash_in, crash)
     with pytest.raises(KeyboardInterrupt):
         g.add(x[200:], [{"i": i} for i in range(200, 300)])
     monkeypatch.undo()

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from vlctl.config import config_to_dict
 from vlctl.embeddings.search import IndexConfig, faiss_module, new_index
+from vlctl.embeddings.tuning import tune_store
 from vlctl.fsops import VlctlError
-from vlctl.io import atomic_write_bytes, check_content, check_file
+from vlctl.io import atomic_write_bytes, check_content, check_file, fast_hash_file, sha256_file
 
 INDEX_DIR = "index"
 TRAINED = f"{INDEX_DIR}/trained.faiss"
@@ -93,3 +95,31 @@ def set_search_params(index, parts: list, cfg: IndexConfig, tuned: dict | None =
     elif cfg.kind == "hnsw":
         for p in parts:
             faiss.downcast_index(p.index).hnsw.efSearch = cfg.ef_search
+
+
+def add_part(path: Path, record: dict, cfg: IndexConfig, part, trained, shard_no: int, arrays: list,
+             earlier: list) -> dict:
+    """The manifest's index entry after an add whose rows `part` holds: the part written and
+    recorded beside the earlier ones (never rewritten, never re-hashed), the trained quantisers
+    written on the first add, and for a tuned ivfpq store (`earlier`: the store's parts, read) the
+    tuning brought up to date over every part (`arrays`: the image shards, the add's last)."""
+    record = dict(record)
+    name = part_name(shard_no)
+    write_index(part, path / name)
+    if record.get("trained") is None and trained is not None:
+        write_index(trained, path / TRAINED)
+        record["trained"] = index_file(path, TRAINED)
+    record["config"] = config_to_dict(cfg)
+    record["faiss_type"] = faiss_type(part, trained)
+    record["parts"] = [*record.get("parts", []), {**index_file(path, name), "rows": int(part.ntotal)}]
+    if cfg.kind == "ivfpq" and cfg.target_recall > 0:
+        index, keep = combine([*earlier, part], cfg, trained)
+        record["tuned"], record["tune_truth"] = tune_store(cfg, index, arrays, record.get("tune_truth"))
+        del keep
+    return record
+
+
+def index_file(path: Path, name: str) -> dict:
+    """An index file's manifest fields: {"file", "bytes", "sha256", "fast"}."""
+    return {"file": name, "bytes": (path / name).stat().st_size, "sha256": sha256_file(path / name),
+            "fast": fast_hash_file(path / name)}

@@ -159,6 +159,22 @@ def refine_exact(q: np.ndarray, ids: np.ndarray, arrays: list[np.ndarray], k: in
     return top_s, np.where(top_s > -np.inf, top_i, -1)
 
 
+def exact_search(q: np.ndarray, blocks, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) (q, n): the top n rows per query by exact inner product over `blocks`, the
+    rows in order as float32 blocks (a store's memory maps, one block at a time), best first."""
+    best_s = np.full((len(q), 0), -np.inf, np.float32)
+    best_i = np.zeros((len(q), 0), np.int64)
+    first = 0
+    for block in blocks:
+        scores = q @ block.T
+        ids = np.broadcast_to(np.arange(first, first + len(block)), scores.shape)
+        first += len(block)
+        best_s, best_i = np.hstack([best_s, scores]), np.hstack([best_i, ids])
+        top = top_positions(best_s, n)  # best first: the last pass leaves them sorted
+        best_s, best_i = np.take_along_axis(best_s, top, 1), np.take_along_axis(best_i, top, 1)
+    return best_s.astype(np.float32), best_i
+
+
 def top_positions(scores: np.ndarray, k: int) -> np.ndarray:
     """(q, m) -> (q, min(k, m)): per row, the positions of its k largest scores, best first, equal
     scores in position order: `np.argsort(-scores, axis=1, kind="stable")[:, :k]`, without sorting

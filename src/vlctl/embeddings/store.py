@@ -2,28 +2,24 @@
 FAISS index. `vlctl embed` and `vlctl index` write it; every method, `search` and `cluster` read it.
 
     STORE/
-      manifest.json                     written last on every change: format, encoder id and spec,
-                                        dim, dtype, the image rows' shards, the text rows' shards,
-                                        index config and parts, generation, and per file its rows,
-                                        bytes, sha256
+      manifest.json                     written last on every change: format, encoder, dim, dtype,
+                                        the image and text shards, index config and parts,
+                                        generation, and per file its rows, bytes, sha256
       img_emb/img_emb_00000.npy ...     image rows: (rows, dim) float32 (or float16, `dtype`),
                                         L2-normalised; one shard per `add`, never rewritten;
-                                        memory-mapped when read, float32 when handed out
-      metadata/metadata_00000.parquet   the image rows' fields (path, captions, labels, ...), one
-                                        row per image row (`vlctl.embeddings.table`)
+                                        memory-mapped, float32 when handed out
+      metadata/metadata_00000.parquet   the image rows' fields (path, captions, labels, ...)
       text_emb/text_emb_00000.npy ...   text rows (captions, prompts), the same way; optional
-      text_metadata/metadata_00000.parquet   one row per text row: {"text", "image": the image row it describes}
-      index/trained.faiss, index/part_00000.faiss ...   ivfpq / hnsw only: one index part per add
-                                        (`vlctl.embeddings.parts`); exact kinds have no index file
+      text_metadata/metadata_00000.parquet   per text row {"text", "image": the image row it describes}
+      index/trained.faiss, index/part_00000.faiss ...   ivfpq / hnsw: one index part per add
 
 The image table is clip-retrieval's layout (img_emb/, metadata/), so embedding-reader and
 autofaiss read a store as it is; and a clip-retrieval folder opens here in place, read-only
 (`vlctl.embeddings.foreign`). A store of an older vlctl (emb-*.npy, meta-*.jsonl) is refused with
 the command that converts it.
 
-Images and texts are two tables with their own row counts: a captioned collection has a text row
-per caption whose metadata names its image row (`Store.pairs()`), a set of class prompts has only
-text rows. Row i of the store means image row i.
+Images and texts are two tables with their own row counts: a caption's text row names its image
+row (`Store.pairs()`); class prompts are text rows alone. Row i of the store means image row i.
 
 Atomicity: an `add` writes its new shard files and its index part under fresh names, then replaces
 manifest.json in one rename. Until that rename the previous manifest names only the previous
@@ -32,12 +28,11 @@ files, so a crash at any point leaves the previous store intact; files that no m
 own rows' files (and, with target_recall, its own rows for the tuning's exact answers): its cost is
 bound by the rows added, not by the store.
 
-Writers: one at a time. Creating a store and every add hold the store's lock (`vlctl.io.locked`,
-`.NAME.lock` beside the directory); an add re-reads the manifest under the lock, so rows another
-writer added since this one opened the store are kept, its own going after them. `vlctl index` and
-`vlctl embed` hold the lock from opening the store to the commit, so a second run waits (saying
-so) and then skips the images the first one added. Readers take no lock; a reader whose index part
-was removed by an add re-opens the store once.
+Writers: one at a time, under the store's lock (`vlctl.io.locked`, `.NAME.lock` beside it); an
+add re-reads the manifest under the lock, so another writer's rows are kept, its own going after
+them. `vlctl index` / `vlctl embed` hold the lock from opening the store to the commit, so a second
+run waits, then skips the images the first added. Readers take no lock; a reader whose index part
+an add removed re-opens the store once.
 
 Search is maximum inner product over the normalised embeddings (= cosine similarity). Index kinds
 (`IndexConfig.kind`): "none" and "flat" (no index file: exact search over the memory-mapped
@@ -47,9 +42,8 @@ are re-scored exactly from the stored embeddings), "hnsw" (a graph per add). A `
 the top candidates of any kind: TEVI rerank and ControlEmbed attribute queries plug in there.
 
 Checks on open are cheap: sizes, shapes and counts against the manifest, and each file's fast hash
-(`vlctl.io.fast_hash_file`: blake2b of the whole file up to 1 MiB, of 64 sampled blocks above), so
-a shard edited or overwritten in place is refused; `Store.verify()` (`vlctl verify STORE`) also
-recomputes every sha256.
+(`vlctl.io.fast_hash_file`), so a shard edited in place is refused; `Store.verify()` (`vlctl verify
+STORE`) also recomputes every sha256.
 """
 
 from __future__ import annotations
@@ -70,32 +64,28 @@ from vlctl.embeddings.foreign import FOREIGN_FORMAT, UNKNOWN, is_foreign, rememb
 from vlctl.embeddings.manifest import FORMAT, is_empty, new_manifest, now, read_manifest
 from vlctl.embeddings.parts import (
     INDEX_DIR,
-    TRAINED,
+    add_part,
     combine,
-    faiss_type,
     has_index,
     new_part,
-    part_name,
     read_index,
     set_search_params,
-    write_index,
 )
 from vlctl.embeddings.results import Reranker, SearchResult
-from vlctl.embeddings.search import IndexConfig, normalise, refine_exact, top_positions
+from vlctl.embeddings.search import IndexConfig, exact_search, normalise, refine_exact
 from vlctl.embeddings.table import (
     ADD_CHUNK,
     LAYOUT,
     MANIFEST,
     Table,
     check_rows,
-    file_record,
+    check_text_metadata,
     metadata_table,
     shard_names,
     shard_record,
     write_metadata,
     write_shard,
 )
-from vlctl.embeddings.tuning import tune_store
 from vlctl.fsops import VlctlError, fsync_dir, locked, output_policy
 from vlctl.io import atomic_write_json, read_json, sha256_file
 
@@ -290,20 +280,6 @@ class Store:
         return {"files": files, "bytes": size}
 
     # -- search -------------------------------------------------------------------------------
-    def _exact_search(self, q: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top n image rows per query by exact inner product, shard by shard (no FAISS index)."""
-        best_s = np.full((len(q), 0), -np.inf, np.float32)
-        best_i = np.zeros((len(q), 0), np.int64)
-        first = 0
-        for block in self.images_table.chunks(ADD_CHUNK):  # one block of the memory maps at a time
-            scores = q @ block.T
-            ids = np.broadcast_to(np.arange(first, first + len(block)), scores.shape)
-            first += len(block)
-            best_s, best_i = np.hstack([best_s, scores]), np.hstack([best_i, ids])
-            top = top_positions(best_s, n)  # best first: the last pass leaves them sorted
-            best_s, best_i = np.take_along_axis(best_s, top, 1), np.take_along_axis(best_i, top, 1)
-        return best_s.astype(np.float32), best_i
-
     def search(
         self, queries: np.ndarray, k: int = 10, reranker: Reranker | None = None, candidates: int | None = None
     ) -> SearchResult:
@@ -334,7 +310,7 @@ class Store:
         refine = refine if reranker is None and self.config.kind == "ivfpq" else 1
         n_cand = min(k * refine if reranker is None else max(k, candidates or 100), len(self))
         if self.index is None:
-            scores, ids = self._exact_search(q, n_cand)
+            scores, ids = exact_search(q, self.images_table.chunks(ADD_CHUNK), n_cand)
         else:
             scores, ids = self.index.search(q, n_cand)
         if refine > 1:  # ivfpq: the k best of the k * refine candidates by their exact scores
@@ -434,18 +410,8 @@ class Store:
         meta_table, meta_encoding = metadata_table(metadata, "image")
         t = None if texts is None else check_rows(texts, self.dim, self.path, self.encoder_id, "text embeddings")
         m = 0 if t is None else len(t)
-        text_metadata = [] if text_metadata is None else list(text_metadata)
-        if len(text_metadata) != m:
-            raise VlctlError(f"add: {m} text embeddings but {len(text_metadata)} text metadata rows")
-        bad = next((j for j, tm in enumerate(text_metadata) if not isinstance(tm.get("text"), str)), None)
-        if bad is not None:
-            raise VlctlError(f"add: text metadata row {bad} has no \"text\" string")
         total = len(self) + n
-        bad = next((j for j, tm in enumerate(text_metadata)
-                    if "image" in tm and not (isinstance(tm["image"], int) and 0 <= tm["image"] < total)), None)
-        if bad is not None:
-            raise VlctlError(f"add: text metadata row {bad} names image {text_metadata[bad]['image']!r}, "
-                             f"the store will hold image rows 0..{total - 1}")
+        text_metadata = check_text_metadata(text_metadata, m, total)
         txt_meta_table, txt_meta_encoding = metadata_table(text_metadata, "text")
         if n == 0 and m == 0:
             return self
@@ -472,7 +438,10 @@ class Store:
                                       shard_record(self.path, n, emb_name, meta_name, meta_encoding)]
                 manifest["count"] = total
                 if part is not None:
-                    manifest["index"] = self._index_record(part, trained, shard_no)
+                    arrays = [*self.images_table._arrays, np.load(self.path / emb_name, mmap_mode="r")]
+                    tuned = self.config.kind == "ivfpq" and self.config.target_recall > 0
+                    manifest["index"] = add_part(self.path, self.manifest["index"], self.config, part, trained,
+                                                 shard_no, arrays, self._loaded_parts() if tuned else [])
                     index = None  # the new store opens its parts on first use
             if m:
                 old = self.manifest.get("texts", {"count": 0, "shards": []})
@@ -501,27 +470,6 @@ class Store:
         new._remove_unreferenced()
         return new
 
-    def _index_record(self, part, trained, shard_no: int) -> dict:
-        """The manifest's index entry after an add that wrote `part` (its rows' index part): the
-        part written and recorded beside the earlier ones (never rewritten, never re-hashed), the
-        trained quantisers written on the first add, and the tuning brought up to date."""
-        record = dict(self.manifest["index"])
-        name = part_name(shard_no)
-        write_index(part, self.path / name)
-        if record.get("trained") is None and trained is not None:
-            write_index(trained, self.path / TRAINED)
-            record["trained"] = {**_index_file(self.path, TRAINED), "faiss_type": type(trained).__name__}
-        record["config"] = config_to_dict(self.config)
-        record["faiss_type"] = faiss_type(part, trained)
-        record["parts"] = [*record.get("parts", []), {**_index_file(self.path, name), "rows": int(part.ntotal)}]
-        if self.config.kind == "ivfpq" and self.config.target_recall > 0:
-            arrays = [*self.images_table._arrays, np.load(self.path / shard_names("image", shard_no)[0], mmap_mode="r")]
-            new_index, keep = combine([*self._loaded_parts(), part], self.config, trained)
-            tuned, truth = tune_store(self.config, new_index, arrays, record.get("tune_truth"))
-            del keep
-            record |= {"tuned": tuned, "tune_truth": truth}
-        return record
-
     def _loaded_parts(self) -> list:
         """The index parts of this store, read (before an add appends its own)."""
         if self.index is None:
@@ -543,12 +491,6 @@ class Store:
                 for f in (self.path / d).iterdir():
                     if _OURS_RE.match(f.name) and f"{d}/{f.name}" not in named:
                         f.unlink(missing_ok=True)
-
-
-def _index_file(path: Path, name: str) -> dict:
-    """An index file's manifest fields: {"file", "bytes", "sha256", "fast"}."""
-    rec = file_record(path, "file", name)
-    return {"file": name, "bytes": rec["file_bytes"], "sha256": rec["file_sha256"], "fast": rec["file_fast"]}
 
 
 def create_store(

@@ -205,6 +205,23 @@ def check_rows(x: Any, dim: int, path: Path, encoder_id: str, what: str) -> np.n
     return x
 
 
+def check_text_metadata(text_metadata: Sequence[dict] | None, m: int, total: int) -> list[dict]:
+    """An add's text rows' metadata (m rows, each a "text" string and maybe "image": a row number
+    below `total`, the image rows after the add) as a list, or one line saying which row is wrong."""
+    text_metadata = [] if text_metadata is None else list(text_metadata)
+    if len(text_metadata) != m:
+        raise VlctlError(f"add: {m} text embeddings but {len(text_metadata)} text metadata rows")
+    bad = next((j for j, tm in enumerate(text_metadata) if not isinstance(tm.get("text"), str)), None)
+    if bad is not None:
+        raise VlctlError(f"add: text metadata row {bad} has no \"text\" string")
+    bad = next((j for j, tm in enumerate(text_metadata)
+                if "image" in tm and not (isinstance(tm["image"], int) and 0 <= tm["image"] < total)), None)
+    if bad is not None:
+        raise VlctlError(f"add: text metadata row {bad} names image {text_metadata[bad]['image']!r}, "
+                         f"the store will hold image rows 0..{total - 1}")
+    return text_metadata
+
+
 def write_shard(path: Path, name: str, x: np.ndarray, dim: int, index, what: str, normalized: bool = False,
                 dtype: str = "float32", first_id: int = 0) -> None:
     """Normalise `x` in chunks into the new shard file `name` stored as `dtype` (and into `index`,
