@@ -157,19 +157,22 @@ def metadata_table(metadata: Sequence[dict], what: str):
     row misses one: nulls are dropped on reading); else one JSON string per row ("json")."""
     import pyarrow as pa
 
+    keys = list(dict.fromkeys(k for m in metadata for k in m))
+    sparse = any(len(m) != len(keys) for m in metadata)
+    # sparse reads a null back as a missing field, so a row's own None would not read back
+    if keys and not (sparse and any(v is None for m in metadata for v in m.values())):
+        columns = {k: [m.get(k) for m in metadata] for k in keys}
+        try:
+            table = pa.table(columns)
+            json_like = not any(pa.types.is_binary(f.type) or pa.types.is_temporal(f.type) for f in table.schema)
+            if json_like and all(table.column(k).to_pylist() == v for k, v in columns.items()):  # cheap: by column
+                return table, "sparse" if sparse else None
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            pass  # not one typed table: the JSON column
     try:
         text = [json.dumps(m, sort_keys=True, ensure_ascii=False) for m in metadata]
     except TypeError as e:
         raise VlctlError(f"add: {what} metadata is not JSON-serialisable ({e})") from None
-    keys = list(dict.fromkeys(k for m in metadata for k in m))
-    if keys:
-        sparse = any(len(m) != len(keys) for m in metadata)
-        try:
-            table = pa.table({k: [m.get(k) for m in metadata] for k in keys})
-            if _rows(table, "sparse" if sparse else None) == list(metadata):
-                return table, "sparse" if sparse else None
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            pass  # not one typed table: the JSON column
     return pa.table({JSON_COLUMN: pa.array(text, pa.string())}), "json"
 
 
