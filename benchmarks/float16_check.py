@@ -18,10 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from index_bench import exact_topk, recall_at_k, synthetic  # noqa: E402
+from index_bench import exact_topk, recall_at_k, synthetic
 
 
 def main() -> None:
