@@ -15,7 +15,7 @@ the store as the previous add left it (page cache warm, as for a server reopenin
 At checkpoints the same process then searches: the index parts' first load, then single-query
 `Store.search` p50 / p99 over held-out queries (fresh draws, never stored rows) after one warm-up
 pass, and recall@10 against the exact top-10, which the parent keeps up to date add by add from
-each add's rows only. Disk = every file under the store; the target compares it with the shards
+each add's rows only; the same at each `--points` nprobe:refine setting. Disk = every file under the store; the target compares it with the shards
 plus the PQ codes (rows x pq_m bytes).
 
 Growth law: the slope of add time against store rows over the adds after the first (which
@@ -92,9 +92,33 @@ def one_add(args: argparse.Namespace) -> dict:
         out |= {"search_ms_p50": round(1000 * float(np.percentile(lat, 50)), 3),
                 "search_ms_p99": round(1000 * float(np.percentile(lat, 99)), 3), "found": np.array(ids).tolist(),
                 "nprobe": int(store.index.nprobe), "refine": int((store.tuned or {}).get("refine", store.config.refine)),
+                "points": sweep(store, queries, args.points),
                 "disk_bytes": sum(p.stat().st_size for p in store_dir.rglob("*") if p.is_file()),
                 "shard_bytes": sum(p.stat().st_size for p in (store_dir / "img_emb").iterdir()),
                 "pq_code_bytes": len(store) * args.pq_m}
+    return out
+
+
+def sweep(store, queries: np.ndarray, points: str) -> list[dict]:
+    """Single-query p50 / p99 and the found ids at each "nprobe:refine" point (one warm-up pass each)."""
+    import dataclasses
+
+    config, out = store.config, []
+    for point in filter(None, points.split(",")):
+        nprobe, refine = map(int, point.split(":"))
+        store.config = dataclasses.replace(config, refine=refine)  # what Store.search reads, untuned
+        store.index.nprobe = nprobe
+        lat, ids = [], []
+        for rnd in range(2):
+            for q in queries:
+                t0 = time.perf_counter()
+                found = store.search(q, k=K).ids[0]
+                if rnd:
+                    lat.append(time.perf_counter() - t0)
+                    ids.append(found)
+        out.append({"nprobe": nprobe, "refine": refine, "search_ms_p50": round(1000 * float(np.percentile(lat, 50)), 3),
+                    "search_ms_p99": round(1000 * float(np.percentile(lat, 99)), 3), "found": np.array(ids).tolist()})
+    store.config = config
     return out
 
 
@@ -107,6 +131,8 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     p.add_argument("--target-recall", type=float, default=0.0)
     p.add_argument("--queries", type=int, default=200)
+    p.add_argument("--points", default="32:50,64:100,128:100,128:200",
+                   help="nprobe:refine settings also measured at each checkpoint")
     p.add_argument("--measure-every", type=int, default=10, help="a checkpoint every this many adds (and the last)")
     p.add_argument("--dir", default=None, help="work directory (default: a new one under the system temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the store")
@@ -131,7 +157,7 @@ def main() -> None:
             measure = (a + 1) % args.measure_every == 0 or a == n_adds - 1 or a == 0
             cmd = [sys.executable, __file__, "--one-add", str(a), "--dir", str(work), "--add", str(args.add),
                    "--nlist", str(args.nlist), "--pq-m", str(args.pq_m), "--dtype", args.dtype,
-                   "--target-recall", str(args.target_recall)] + (["--measure"] if measure else [])
+                   "--target-recall", str(args.target_recall), "--points", args.points] + (["--measure"] if measure else [])
             done = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": "src"})
             if done.returncode:
                 raise SystemExit(f"add {a} failed:\n{done.stderr[-3000:]}")
@@ -143,6 +169,8 @@ def main() -> None:
             if "found" in r:
                 r["recall_at_10"] = round(recall_at_k(np.array(r.pop("found")), best_i, K), 4)
                 r["disk_ratio"] = round(r["disk_bytes"] / (r["shard_bytes"] + r["pq_code_bytes"]), 4)
+                for point in r.get("points", []):
+                    point["recall_at_10"] = round(recall_at_k(np.array(point.pop("found")), best_i, K), 4)
                 checkpoints.append(r)
             adds.append({k: r[k] for k in ("add", "rows_before", "add_s", "open_s", "peak_rss_mb")})
             print(json.dumps(r), flush=True)
