@@ -84,6 +84,7 @@ def test_a_clip_retrieval_folder_opens_in_place_and_is_never_written(tmp_path, c
     assert store.search(q, k=5).ids.tolist() == exact.tolist()
     with pytest.raises(VlctlError, match="a clip-retrieval folder is read in place and never written.*store convert"):
         store.add(img[:1])
+    assert store.verify()["files"] == 12 * 4  # read whole (no hash recorded), rows counted; texts share metadata/
 
     np.save(tmp_path / "q.npy", q[0])
     rc, out, _ = _cli(["search", folder, "--embedding", tmp_path / "q.npy", "-k", "3", "--json"], capsys)
