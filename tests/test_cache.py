@@ -7,6 +7,7 @@ import os
 from collections import Counter
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -130,13 +131,14 @@ def test_embed_matches_direct_encoder_calls(tmp_path):
     assert manifest["encoder_id"] == enc.id and meta["data_id"] == "toy-v1" and meta["preprocess_id"] == "default"
     assert meta["key"] == cache.path.name
     assert (meta["n_images"], meta["n_texts"], manifest["dim"]) == (10, 7, 8)
-    assert (manifest["count"], manifest["texts"]["count"], manifest["index"]["file"]) == (10, 7, None)
+    assert (manifest["count"], manifest["texts"]["count"], manifest["index"]["parts"]) == (10, 7, [])
     assert meta["texts_sha256"] == sha256_json(TEXTS)
     assert manifest["created"]
-    rows = (cache.path / "txtmeta-00000.jsonl").read_text().splitlines()
-    assert [json.loads(r)["text"] for r in rows] == TEXTS
-    assert sorted(os.listdir(cache.path)) == [
-        "emb-00000.npy", "manifest.json", "meta-00000.jsonl", "txt-00000.npy", "txtmeta-00000.jsonl"
+    rows = pq.read_table(cache.path / "text_metadata" / "metadata_00000.parquet").column("text").to_pylist()
+    assert rows == TEXTS
+    assert sorted(str(p.relative_to(cache.path)) for p in cache.path.rglob("*") if p.is_file()) == [
+        "img_emb/img_emb_00000.npy", "manifest.json", "metadata/metadata_00000.parquet", "text_emb/text_emb_00000.npy",
+        "text_metadata/metadata_00000.parquet"
     ]  # fmt: skip
     assert sorted(os.listdir(tmp_path)) == [cache.path.name]  # no temporary leftovers
 
@@ -260,27 +262,27 @@ def test_bad_arrays_are_refused_naming_the_file(tmp_path):
     wrong = json.loads(json.dumps(meta))
     wrong["count"] = wrong["shards"][0]["rows"] = 4
     meta_path.write_text(json.dumps(wrong))
-    with pytest.raises(VlctlError, match="emb-00000.npy") as e:
+    with pytest.raises(VlctlError, match="img_emb_00000.npy") as e:
         open_cache(cache.path)
     assert "(4, 8)" in str(e.value)
     meta_path.write_text(json.dumps(meta))
 
     # Truncated array file.
-    img_file = cache.path / "emb-00000.npy"
+    img_file = cache.path / "img_emb" / "img_emb_00000.npy"
     img_file.write_bytes(img_file.read_bytes()[:40])
-    with pytest.raises(VlctlError, match="emb-00000.npy"):
+    with pytest.raises(VlctlError, match="img_emb_00000.npy"):
         open_cache(cache.path)
 
     # Missing array file.
     img_file.unlink()
-    with pytest.raises(VlctlError, match="emb-00000.npy.*missing"):
+    with pytest.raises(VlctlError, match="img_emb_00000.npy.*missing"):
         open_cache(cache.path)
 
     # The texts edited behind the cache's back (same byte count, so only the hash can tell).
     cache = embed(TinyEncoder(), texts=TEXTS, data_id="toy2", root=tmp_path, progress=False)
-    rows = cache.path / "txtmeta-00000.jsonl"
-    rows.write_text(rows.read_text().replace("a", "b"))
-    with pytest.raises(VlctlError, match="texts_sha256"):
+    rows = cache.path / "text_metadata" / "metadata_00000.parquet"
+    rows.write_bytes(rows.read_bytes().replace(b"a", b"b"))
+    with pytest.raises(VlctlError, match="texts_sha256.*metadata_00000.parquet: sha256 differs"):
         open_cache(cache.path)
 
     with pytest.raises(VlctlError, match="not found"):

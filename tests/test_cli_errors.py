@@ -199,7 +199,7 @@ def test_help_states_the_index_kind_the_command_writes(capsys, command, kind):
 
     assert main([command, "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert f"(approximate, for large stores) (default: {kind};" in text
+    assert f"one index part per add) (default: {kind};" in text
     assert {"embed": EMBED_KIND, "index": INDEX_KIND}[command] == kind
     assert main(["search", "--help"]) == 0
     assert "made by `vlctl embed` or `vlctl index`" in " ".join(capsys.readouterr().out.split())

@@ -88,6 +88,7 @@ def base_argv(paths: dict) -> dict[str, list[str]]:
         "eval retrieval": ["--encoder", "tiny:x", "--dataset", "coco", "--root", D, "--annotations", F],
         "reproduce": ["mad-clip", "--out", OUT],
         "verify": [D],
+        "store convert": [D, OUT],
         "serve": [D, "--controlembed", D],
         "audit": ["--encoder", "tiny:x", "--pairs", F, "--out", OUT],
     }
@@ -96,7 +97,7 @@ def base_argv(paths: dict) -> dict[str, list[str]]:
 POSITIONALS = {  # command -> {dest: index of its value in the base command line}
     "embed": {"source": 0}, "index": {"source": 0}, "search": {"store": 0}, "cluster": {"store": 0},
     "explain": {"image": 2, "positive": 3, "negative": 4}, "tree": {"captions": 0}, "reproduce": {"name": 0},
-    "verify": {"path": 0}, "serve": {"store": 0},
+    "verify": {"path": 0}, "serve": {"store": 0}, "store convert": {"source": 0, "out": 1},
 }
 
 

@@ -159,13 +159,17 @@ def test_cluster_counts_unreadable_images_and_keeps_legacy_flags(indexed, tmp_pa
     bad = tmp_path / "broken.png"
     bad.write_bytes(b"junk")
     meta_file = gal2 / g.manifest["shards"][0]["metadata"]
-    rows = [json.loads(x) for x in meta_file.read_text().splitlines()]
-    rows[0]["path"] = str(bad)
-    meta_file.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-    manifest = json.loads((gal2 / "manifest.json").read_text())
-    from vlctl.io import sha256_file
+    import pyarrow.parquet as pq
 
-    manifest["shards"][0]["metadata_sha256"] = sha256_file(meta_file)
+    table = pq.read_table(meta_file)
+    paths = table.column("path").to_pylist()
+    pq.write_table(table.set_column(table.column_names.index("path"), "path", [[str(bad)] + paths[1:]]), meta_file)
+    manifest = json.loads((gal2 / "manifest.json").read_text())
+    from vlctl.io import fast_hash_file, sha256_file
+
+    shard = manifest["shards"][0]
+    shard |= {"metadata_sha256": sha256_file(meta_file), "metadata_fast": fast_hash_file(meta_file),
+              "metadata_bytes": meta_file.stat().st_size}
     (gal2 / "manifest.json").write_text(json.dumps(manifest))
     rc, res, _ = _run(["cluster", "--gallery", str(gal2), "--attribute", "color", "--model", str(root / "ce"),
                        "--out", str(tmp_path / "o"), "--json"], capsys)

@@ -96,10 +96,10 @@ def test_data_mad_enospc_at_each_write(inputs, tmp_path, n):  # noqa: F811
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_index_enospc_at_each_write(inputs, tmp_path, n):  # noqa: F811
-    """The shard's allocation, its metadata, the FAISS index, the manifest: the store stays as it was."""
+    """The shard's allocation, its metadata, its FAISS index part (hnsw), the manifest: the store stays as it was."""
     drv = inputs["driver"]
     gal = tmp_path / "gal"
-    assert drv.run(store_args("index", inputs["a"], inputs["model"], gal))[0] == 0
+    assert drv.run([*store_args("index", inputs["a"], inputs["model"], gal), "--index-kind", "hnsw"])[0] == 0
     before = store_state(gal)
     status, output = drv.run(store_args("index", inputs["b"], inputs["model"], gal), env={"VLCTL_FAULT": f"enospc:{n}"})
     assert status == 2, output

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import vlctl.embeddings.parts as parts_mod
 import vlctl.embeddings.store as gallery_mod
 import vlctl.embeddings.table as table_mod
 from vlctl.embeddings.results import exact_rerank
@@ -165,13 +166,13 @@ def test_bad_input_errors_name_the_file(tmp_path):
         open_or_create_gallery(tmp_path / "g", ENC, 8, IndexConfig(kind="hnsw"))
     assert len(open_gallery(tmp_path / "g")) == 50  # still readable after every refusal
 
-    shard = tmp_path / "g" / "emb-00000.npy"
+    shard = tmp_path / "g" / "img_emb" / "img_emb_00000.npy"
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
-    with pytest.raises(VlctlError, match=r"emb-00000\.npy: .* bytes, but .*manifest.json records .*truncated"):
+    with pytest.raises(VlctlError, match=r"img_emb_00000\.npy: .* bytes, but .*manifest.json records .*truncated"):
         open_gallery(tmp_path / "g")
     shard.write_bytes(data[:100])  # a header-only file, size check aside
-    with pytest.raises(VlctlError, match="emb-00000.npy"):
+    with pytest.raises(VlctlError, match="img_emb_00000.npy"):
         open_gallery(tmp_path / "g")
     shard.write_bytes(data)
     flipped = bytearray(data)
@@ -181,16 +182,23 @@ def test_bad_input_errors_name_the_file(tmp_path):
         open_gallery(tmp_path / "g").verify()
     shard.write_bytes(data)
 
-    meta = tmp_path / "g" / "meta-00000.jsonl"
+    meta = tmp_path / "g" / "metadata" / "metadata_00000.parquet"
     meta_data = meta.read_bytes()
-    meta.write_bytes(meta_data[:-1])  # the last row loses its newline
-    with pytest.raises(VlctlError, match=r"meta-00000.jsonl: 49 complete metadata rows, but .* says 50"):
+    meta.write_bytes(meta_data[:-1])  # truncated
+    with pytest.raises(VlctlError, match=r"metadata_00000.parquet: .* bytes, but .* records .*truncated"):
         open_gallery(tmp_path / "g").metadata([3])
     meta.write_bytes(meta_data)
 
     (tmp_path / "g" / "manifest.json").rename(tmp_path / "manifest.bak")
+    # Without its manifest a store is a clip-retrieval folder: read in place, its encoder unknown, never written.
+    folder = open_gallery(tmp_path / "g")
+    assert folder.read_only and not folder.encoder_known and folder.search(x[:1], k=1).ids[0, 0] == 0
+    with pytest.raises(VlctlError, match=r"g: a clip-retrieval folder is read in place and never written"):
+        folder.add(x[:1])
+    (tmp_path / "g" / "img_emb").rename(tmp_path / "img_emb.bak")
     with pytest.raises(VlctlError, match=r"g/manifest.json: store manifest not found"):
         open_gallery(tmp_path / "g")
+    (tmp_path / "img_emb.bak").rename(tmp_path / "g" / "img_emb")
     (tmp_path / "g" / "manifest.json").write_text("{not json")
     with pytest.raises(VlctlError, match="corrupt store manifest"):
         open_gallery(tmp_path / "g")
@@ -206,16 +214,17 @@ def test_bad_input_errors_name_the_file(tmp_path):
 @pytest.mark.parametrize("crash_in", ["write_index", "atomic_write_json"])
 def test_crash_mid_add_leaves_previous_gallery(tmp_path, monkeypatch, crash_in):
     x = _clustered(300, 8)
-    g = create_gallery(tmp_path / "g", ENC, 8).add(x[:200], [{"i": i} for i in range(200)])
-    before = sorted(p.name for p in (tmp_path / "g").iterdir())
+    g = create_gallery(tmp_path / "g", ENC, 8, IndexConfig(kind="hnsw")).add(x[:200], [{"i": i} for i in range(200)])
+    before = sorted(str(p.relative_to(tmp_path / "g")) for p in (tmp_path / "g").rglob("*") if p.is_file())
 
-    real = getattr(gallery_mod, crash_in)
+    module = parts_mod if crash_in == "write_index" else gallery_mod
+    real = getattr(module, crash_in)
 
     def crash(*args, **kwargs):
         real(*args, **kwargs)  # the write itself completes; the process dies right after it
         raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(gallery_mod, crash_in, crash)
+    monkeypatch.setattr(module, crash_in, crash)
     with pytest.raises(KeyboardInterrupt):
         g.add(x[200:], [{"i": i} for i in range(200, 300)])
     monkeypatch.undo()
@@ -225,8 +234,9 @@ def test_crash_mid_add_leaves_previous_gallery(tmp_path, monkeypatch, crash_in):
         assert len(again) == 200 and again.search(x[:1], k=1).ids[0, 0] == 0
         again = again.add(x[200:], [{"i": i} for i in range(200, 300)])  # and the next add works
         assert len(again) == 300 and again.metadata([250]) == [{"i": 250}]
-        after = sorted(p.name for p in (tmp_path / "g").iterdir())
-        assert after == sorted(set(before) - {"index-1.faiss"} | {"emb-00001.npy", "meta-00001.jsonl", "index-2.faiss"})
+        after = sorted(str(p.relative_to(tmp_path / "g")) for p in (tmp_path / "g").rglob("*") if p.is_file())
+        assert after == sorted(set(before) | {"img_emb/img_emb_00001.npy", "metadata/metadata_00001.parquet",
+                                              "index/part_00001.faiss"})
     else:  # crashed after the rename: the new gallery is complete
         again = open_gallery(tmp_path / "g")
         assert len(again) == 300 and again.search(x[250:251], k=1).ids[0, 0] == 250
@@ -418,7 +428,7 @@ def test_index_under_torchrun_equals_one_process(tmp_path, capsys):
 def test_bad_row_mid_add_leaves_gallery_and_its_index_intact(tmp_path, monkeypatch):
     monkeypatch.setattr(table_mod, "ADD_CHUNK", 2)  # the add streams in chunks; fail in the third
     x = _clustered(40, 8)
-    g = create_gallery(tmp_path / "g", ENC, 8).add(x[:20])
+    g = create_gallery(tmp_path / "g", ENC, 8, IndexConfig(kind="hnsw")).add(x[:20])
     before = g.search(x[:3], k=5)
     bad = x[20:].copy()
     bad[5] = np.nan
@@ -430,8 +440,8 @@ def test_bad_row_mid_add_leaves_gallery_and_its_index_intact(tmp_path, monkeypat
     # The same object still answers as before (its half-updated in-memory index was dropped).
     after = g.search(x[:3], k=5)
     assert len(g) == 20 and np.array_equal(after.ids, before.ids) and np.allclose(after.scores, before.scores)
-    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == [
-        "emb-00000.npy", "index-1.faiss", "manifest.json", "meta-00000.jsonl"
+    assert sorted(str(p.relative_to(tmp_path / "g")) for p in (tmp_path / "g").rglob("*") if p.is_file()) == [
+        "img_emb/img_emb_00000.npy", "index/part_00000.faiss", "manifest.json", "metadata/metadata_00000.parquet"
     ]  # fmt: skip
     g = g.add(x[20:])
     assert len(g) == 40 and g.search(x[30:31], k=1).ids[0, 0] == 30

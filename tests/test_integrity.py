@@ -47,13 +47,13 @@ def _store(path: Path, n: int = 50, dim: int = 8):
 
 def test_a_shard_overwritten_with_nan_at_the_same_size_is_refused_on_open(tmp_path):
     store = _store(tmp_path / "s")
-    shard = tmp_path / "s" / "emb-00000.npy"
+    shard = tmp_path / "s" / "img_emb" / "img_emb_00000.npy"
     arr = np.load(shard)
     arr[:] = np.nan
     with open(shard, "r+b") as f:  # in place, same size, valid header
         f.seek(shard.stat().st_size - arr.nbytes)
         f.write(arr.tobytes())
-    with pytest.raises(VlctlError, match=r"emb-00000\.npy: sha256 differs from .*manifest\.json .*changed or corrupted"):
+    with pytest.raises(VlctlError, match=r"img_emb_00000\.npy: sha256 differs from .*manifest\.json .*changed or corrupted"):
         open_store(tmp_path / "s")
     with pytest.raises(VlctlError, match="sha256 differs"):
         store.add(np.ones((1, 8), np.float32))  # the add re-reads the store under its lock
@@ -63,8 +63,8 @@ def test_verify_finds_what_the_sampled_hash_misses(tmp_path, capsys):
     n = FAST_FULL // (4 * 64) + 100  # a shard just over FAST_FULL: hashed by sampled blocks
     _store(tmp_path / "s", n=n, dim=64)
     rc, out, _ = _cli(["verify", tmp_path / "s", "--json"], capsys)
-    assert rc == 0 and json.loads(out)["kind"] == "store" and json.loads(out)["files"] == 3  # shard, rows, index
-    shard = tmp_path / "s" / "emb-00000.npy"
+    assert rc == 0 and json.loads(out)["kind"] == "store" and json.loads(out)["files"] == 2  # shard, rows (flat: no index file)
+    shard = tmp_path / "s" / "img_emb" / "img_emb_00000.npy"
     size = shard.stat().st_size
     step = (size - FAST_BLOCK) / (FAST_BLOCKS - 1)
     at = round(31 * step) + FAST_BLOCK + 10  # one byte between sampled blocks 31 and 32
@@ -76,7 +76,7 @@ def test_verify_finds_what_the_sampled_hash_misses(tmp_path, capsys):
         f.write(bytes([b[0] ^ 0xFF]))
     open_store(tmp_path / "s")  # the cheap check does not read it (documented)
     rc, _, err = _cli(["verify", tmp_path / "s"], capsys)
-    assert rc == 2 and "emb-00000.npy: sha256 differs" in err
+    assert rc == 2 and "img_emb_00000.npy: sha256 differs" in err
 
 
 def test_a_failed_first_index_leaves_no_store_and_empty_stores_fix_nothing(tmp_path, capsys):

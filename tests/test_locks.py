@@ -116,6 +116,7 @@ def _reader(gal: Path, stop: Path) -> subprocess.Popen:
         from vlctl.embeddings.store import open_store
         from vlctl.io import VlctlError
         errors, reads = [], 0
+        open_store({str(gal)!r}).metadata()  # the imports (pyarrow) done before the writers start
         print("ready", flush=True)
         while not os.path.exists({str(stop)!r}):
             try:

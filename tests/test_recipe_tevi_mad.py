@@ -2,6 +2,7 @@
 reports recomputed from its arrays, and `vlctl fit sae / fit tevi / score tevi` on its cache."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -179,9 +180,7 @@ def test_cli_fit_and_score(tiny_run, tmp_path):
     (test_cache,) = (tiny_run / "stages").glob("embed-[0-9a-f]*/cache/*")
     meta = json.loads((test_cache / "manifest.json").read_text())
     meta["encoder_id"] = "other@0000"
-    (tmp_path / "other").mkdir()
-    for f in test_cache.iterdir():
-        (tmp_path / "other" / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(test_cache, tmp_path / "other")  # the store's files are in subdirectories (img_emb/, ...)
     (tmp_path / "other" / "manifest.json").write_text(json.dumps(meta))
     r = _vlctl("fit", "tevi", "--cache", str(tmp_path / "other"), "--sae", str(tmp_path / "sae"), "--out",
                str(tmp_path / "t2"))

@@ -27,6 +27,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("embed", "store:embed", "embed images (and their captions) from a folder, a CSV/JSONL or a generated set into a store"),
     ("index", "store:index", "embed a folder of images into a store with a FAISS index (incremental: new images only)"),
     ("search", "store:search", "search a store by text, image or embedding"),
+    ("store convert", "store:convert", "convert a store of an older vlctl or a clip-retrieval folder into a store"),
     ("verify", "verify:verify", "check every file of a store, generated set or checkpoint against its recorded sha256"),
     ("fit sae", "methods:fit_sae", "fit a TopK SAE (or a CG-SAE with --concepts) on a store's image embeddings"),
     ("fit tevi", "methods:fit_tevi", "train TEVI's caption-conditioned mask over a fitted SAE"),
@@ -50,6 +51,7 @@ GROUPS = {
     "score": "score stored embeddings with a fitted method",
     "eval": "evaluate an encoder on a benchmark",
     "inspect": "see what a fitted model learned",
+    "store": "manage stores",
 }
 
 

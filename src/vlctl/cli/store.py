@@ -5,6 +5,8 @@
     vlctl search store/ --text "a red bicycle" -k 10 --json
     vlctl search store/ --image query.jpg
     vlctl search store/ --embedding query.npy
+    vlctl search laion_part/ --text "a red bicycle" --encoder open_clip:ViT-B-32/laion2b_s34b_b79k
+    vlctl store convert old_store/ new_store/
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def _index_config(args: argparse.Namespace, default_kind: str):
 
     from vlctl.embeddings.search import IndexConfig
 
-    if any(getattr(args, _INDEX_PREFIX + f.name) is not None for f in dataclasses.fields(IndexConfig)):
+    if _any_index_flag(args):
         return config_from_args(IndexConfig, args, base=IndexConfig(kind=default_kind), prefix=_INDEX_PREFIX)
     return None if (Path(args.out) / "manifest.json").is_file() else IndexConfig(kind=default_kind)
 
@@ -130,7 +132,7 @@ def search(args: argparse.Namespace) -> dict:
     if args.alpha is not None and not args.rerank:
         raise VlctlError("--alpha goes with --rerank tevi:DIR (the fused rerank)")
     store = open_store(args.store)
-    if args.embedding is not None:  # a raw query vector: no encoder needed
+    if args.embedding is not None:  # a raw query vector: no encoder needed (a clip-retrieval folder's is maybe unknown)
         result = store.search(_load_query_embedding(args.embedding), k=args.k)
         query: dict = {"embedding": args.embedding}
     else:
@@ -138,6 +140,7 @@ def search(args: argparse.Namespace) -> dict:
         if not spec:
             raise VlctlError(f"{args.store}: the store records no encoder spec; pass --encoder SPEC")
         encoder = create(spec, device=args.device)
+        store.adopt_encoder(encoder.id, spec)  # a clip-retrieval folder that named none: the user's, recorded beside it
         store.check_encoder(encoder.id)  # the same spec may now point at other weights
         if args.text is not None:
             kw = {}
@@ -232,7 +235,15 @@ def _source_args(p: argparse.ArgumentParser, default_kind: str) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     strict_arg(p)
     add_config_args(p, ExtractConfig)
-    add_config_args(p, IndexConfig, prefix=_INDEX_PREFIX, defaults={"kind": default_kind})
+    add_config_args(p, IndexConfig, prefix=_INDEX_PREFIX, defaults={"kind": default_kind}, exclude=("dtype",))
+    _dtype_arg(p)
+
+
+def _dtype_arg(p: argparse.ArgumentParser) -> None:
+    """--dtype: IndexConfig.dtype under its own short name (the rows' storage, not the index's)."""
+    p.add_argument("--dtype", dest=_INDEX_PREFIX + "dtype", default=None, choices=["float32", "float16"],
+                   help="stored dtype of a new store's embeddings: float16 halves the shards; search and every method "
+                   "compute in float32 (default: float32)")
 
 
 # The index kind each command writes by default (its help says so): `embed` exact numpy search,
@@ -286,3 +297,30 @@ def _rerank_spec(text: str) -> str:
         raise argparse.ArgumentTypeError(f"must be tevi:DIR (a directory written by `vlctl fit tevi`), got "
                                          f"{shorten(repr(text))}")
     return PathArg(path, "in", "dir", "TEVI directory")
+
+
+def convert(args: argparse.Namespace) -> dict:
+    from vlctl.embeddings.build import convert_store
+
+    store = convert_store(args.source, args.out, _index_config(args, "none") if _any_index_flag(args) else None)
+    return {"store": str(store.path), "from": str(args.source), "images": len(store), "texts": len(store.texts_table),
+            "index": store.config.kind, "dtype": store.config.dtype}
+
+
+def _any_index_flag(args: argparse.Namespace) -> bool:
+    from vlctl.embeddings.search import IndexConfig
+
+    return any(getattr(args, _INDEX_PREFIX + f.name, None) is not None for f in dataclasses.fields(IndexConfig))
+
+
+def convert_args(p: argparse.ArgumentParser) -> None:
+    from vlctl.cli.args import in_path, out_path
+    from vlctl.embeddings.search import IndexConfig
+
+    p.add_argument("source", type=in_path("store or clip-retrieval folder", "dir"),
+                   help="a store of an older vlctl (emb-*.npy, meta-*.jsonl) or a clip-retrieval folder (img_emb/, "
+                   "metadata/); read, never changed")
+    p.add_argument("out", type=out_path("dir"), help="the new store directory")
+    add_output_args(p)
+    add_config_args(p, IndexConfig, prefix=_INDEX_PREFIX, exclude=("dtype",))
+    _dtype_arg(p)

@@ -1,4 +1,5 @@
-"""Building a store from a source: `embed_source` for any `ImageSource`, `index_images` for files.
+"""Building a store from a source: `embed_source` for any `ImageSource`, `index_images` for files,
+`convert_store` for the stores of an older vlctl and clip-retrieval folders.
 
 Adding is incremental: images the store already holds (by path, or by id for in-memory images)
 are skipped, so re-running `vlctl embed` on a folder that grew embeds only the new files. Files
@@ -25,10 +26,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from vlctl.config import config_from_dict
 from vlctl.embeddings.extract import embed_image_array, embed_image_files, embed_text_list
 from vlctl.embeddings.extract_config import ExtractConfig
+from vlctl.embeddings.foreign import OLD_FORMATS, is_foreign, old_tables
+from vlctl.embeddings.manifest import read_manifest
 from vlctl.embeddings.search import IndexConfig
-from vlctl.embeddings.store import Store, discard_if_empty, open_or_create_store
+from vlctl.embeddings.store import Store, create_store, discard_if_empty, open_or_create_store
 from vlctl.embeddings.table import MANIFEST
 from vlctl.fsops import VlctlError, fsync, locked, replace
 
@@ -262,3 +266,39 @@ def _commit(gallery, encoder, rows, embeddings, ids, metadata, captions, extract
                 meta[r]["captions"] = list(captions[i])
     gallery = gallery.add(embeddings, meta, encoder_id=encoder.id, texts=text_emb, text_metadata=text_meta or None)
     return gallery, len(text_meta or ())
+
+
+
+def convert_store(src: str | os.PathLike, out: str | os.PathLike, config: IndexConfig | None = None) -> Store:
+    """A new store at `out` holding the rows of `src`, which is read and never changed: a store of
+    an older vlctl (emb-*.npy + meta-*.jsonl) or a clip-retrieval folder (its captions, if it has
+    text_emb/, become text rows of their images). One add per source shard, so memory holds one
+    shard; `config` (default: the old store's index config, or "none" for a folder) indexes it."""
+    src = Path(src)
+    with writing(out):
+        if is_foreign(src):
+            folder = Store(src)
+            cfg = config or IndexConfig(kind="none", dtype=folder.config.dtype)
+            store = create_store(out, folder.encoder_id, folder.dim, cfg, folder.encoder_spec, info=folder.info)
+            table = folder.images_table
+            for s, arr in enumerate(table._arrays):
+                ids = np.arange(table._offsets[s], table._offsets[s + 1])
+                meta = table.metadata(ids)
+                texts, text_meta = None, None
+                if len(folder.texts_table):
+                    texts = folder.texts_table._arrays[s]
+                    text_meta = [{"text": m.get("caption") or "", "image": int(i)} for m, i in zip(meta, ids)]
+                store = store.add(arr, meta, texts=texts, text_metadata=text_meta)  # unit norm here, not fp16-rounded
+            return store
+        manifest = read_manifest(src, old=True)
+        if manifest["format"] not in OLD_FORMATS:
+            raise VlctlError(f"{src}: already a store of this vlctl ({manifest['format']}); nothing to convert")
+        cfg = config or config_from_dict(IndexConfig, manifest["index"]["config"], source=str(src / MANIFEST))
+        store = create_store(out, manifest["encoder_id"], int(manifest["dim"]), cfg, manifest.get("encoder_spec"),
+                             info=manifest.get("info"))
+        for what, emb, meta in old_tables(src, manifest):
+            if what == "image":
+                store = store.add(emb, meta, normalized=True)
+            else:
+                store = store.add(None, texts=emb, text_metadata=meta, normalized=True)
+        return store

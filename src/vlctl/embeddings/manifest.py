@@ -9,13 +9,13 @@ import datetime as _dt
 from pathlib import Path
 
 from vlctl.config import config_to_dict
+from vlctl.embeddings.foreign import OLD_FORMATS, foreign_manifest, is_foreign, old_store_message
 from vlctl.embeddings.search import IndexConfig
 from vlctl.embeddings.table import MANIFEST
 from vlctl.fsops import VlctlError
 from vlctl.io import read_json, recover_dir
 
-FORMAT = "vlctl.store/1"
-OLD_FORMATS = ("vlctl.gallery/1",)  # galleries of vlctl 0.1: a store without text rows
+FORMAT = "vlctl.store/2"
 REQUIRED = ("format", "encoder_id", "dim", "count", "generation", "shards", "index")
 OLD_CACHE = "meta.json"  # the per-key embedding cache of vlctl 0.1 (image_emb.npy, text_emb.npy)
 SPEC_KINDS = ("open_clip", "hf", "tiny")  # vlctl.encoders.factory.KINDS
@@ -54,24 +54,29 @@ def new_manifest(encoder_id: str, dim: int, config: IndexConfig, encoder_spec: s
         "encoder_id": encoder_id,
         "encoder_spec": absolute_spec(encoder_spec),
         "dim": dim,
+        "dtype": config.dtype,
         "count": 0,
         "generation": 0,
         "shards": [],
         "texts": {"count": 0, "shards": []},
-        "index": {"config": config_to_dict(config), "file": None, "bytes": 0, "sha256": None, "faiss_type": None},
+        "index": {"config": config_to_dict(config), "trained": None, "parts": []},
         "info": dict(info or {}),
         "created": now(),
         "updated": now(),
     }
 
 
-def read_manifest(path: Path) -> dict:
-    """The checked manifest of the store at `path` (see `open_store` for what is checked). A store
-    directory that a killed swap left beside its name (`vlctl.io.recover_dir`) is put back first."""
+def read_manifest(path: Path, old: bool = False) -> dict:
+    """The checked manifest of the store at `path` (see `open_store` for what is checked), or the
+    one describing a clip-retrieval folder (`vlctl.embeddings.foreign`). A store directory that a
+    killed swap left beside its name (`vlctl.io.recover_dir`) is put back first. A store of an
+    older vlctl is refused with its converting command, unless `old` (the converter reads it)."""
     if not path.is_dir():
         recover_dir(path)
     if not path.is_dir():
         raise VlctlError(f"{path}: store directory not found")
+    if is_foreign(path):
+        return foreign_manifest(path)
     if not (path / MANIFEST).is_file():
         if (path / OLD_CACHE).is_file() and (path / "image_emb.npy").exists() | (path / "text_emb.npy").exists():
             raise VlctlError(
@@ -79,13 +84,15 @@ def read_manifest(path: Path) -> dict:
                 f"`python -m vlctl.embeddings.cache convert {path} NEW_STORE` (or embed the data again with `vlctl embed`)"
             )
         raise VlctlError(
-            f"{path / MANIFEST}: store manifest not found (not a vlctl store, or its manifest "
-            "was deleted; rebuild it with `vlctl embed` or `vlctl index`)"
+            f"{path / MANIFEST}: store manifest not found (not a vlctl store nor a clip-retrieval folder "
+            "with img_emb/, or its manifest was deleted; rebuild it with `vlctl embed` or `vlctl index`)"
         )
     manifest = read_json(path / MANIFEST, "store manifest")
     if not isinstance(manifest, dict) or any(k not in manifest for k in REQUIRED):
         missing = [k for k in REQUIRED if not isinstance(manifest, dict) or k not in manifest]
         raise VlctlError(f"{path / MANIFEST}: corrupt store manifest, missing field(s) {missing}")
+    if manifest["format"] in OLD_FORMATS and not old:
+        raise VlctlError(old_store_message(path, manifest["format"]))
     if manifest["format"] != FORMAT and manifest["format"] not in OLD_FORMATS:
         raise VlctlError(f"{path / MANIFEST}: format {manifest['format']!r}, this vlctl reads {FORMAT!r}")
     _check_shard_list(path / MANIFEST, manifest, "")

@@ -1,8 +1,9 @@
 """FAISS indexes over a store's image rows, search results and rerankers.
 
-Index kinds (`IndexConfig.kind`): "none" (no index; exact search in numpy), "flat" (exact inner
-product), "ivfpq" (inverted lists + product quantisation, trained on the first add), "hnsw"
-(graph over the full vectors). Scores are inner products of L2-normalised vectors (cosine).
+Index kinds (`IndexConfig.kind`): "none" and "flat" (no index file: exact search over the stored
+rows), "ivfpq" (inverted lists + product quantisation, trained on the first add), "hnsw" (graph
+over the full vectors); how their files are kept is `vlctl.embeddings.parts`. Scores are inner
+products of L2-normalised vectors (cosine).
 """
 
 from __future__ import annotations
@@ -17,17 +18,17 @@ from vlctl.fsops import VlctlError
 INDEX_KINDS = ("none", "flat", "ivfpq", "hnsw")
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class IndexConfig:
-    """Which FAISS index a gallery uses, and its parameters."""
+    """How a store keeps its image rows: their dtype, which FAISS index searches them, its parameters."""
 
     kind: str = opt(
-        "flat", "index kind: 'none' (no FAISS index; exact search in numpy), 'flat' (exact inner product), "
-        "'ivfpq' or 'hnsw' (approximate, for large stores)",
+        "flat", "index kind: 'none' or 'flat' (no index file: exact inner product over the stored rows, "
+        "read blockwise), 'ivfpq' or 'hnsw' (approximate, for large stores; one index part per add)",
         choices=INDEX_KINDS,
     )
+    dtype: str = opt("float32", "stored dtype of the embeddings: float16 halves the shards; search and every "
+                     "method compute in float32", choices=("float32", "float16"))
     nlist: int = opt(
         0, "ivfpq: number of inverted lists (coarse centroids); 0 = 4*sqrt(n) of the first add, at most n/39",
         ge=0, le=2**24,
@@ -75,12 +76,11 @@ def faiss_module():
 
 
 def new_index(cfg: IndexConfig, dim: int, first: np.ndarray | None):
-    """A FAISS index for `cfg`; ivfpq is trained on (a sample of) `first`, the first add's rows."""
+    """A FAISS index for `cfg` (None for the exact kinds, which search the stored rows); ivfpq is
+    trained on (a sample of) `first`, the first add's rows."""
     faiss = faiss_module()
-    if cfg.kind == "none":
+    if cfg.kind in ("none", "flat"):
         return None
-    if cfg.kind == "flat":
-        return faiss.IndexFlatIP(dim)
     if cfg.kind == "hnsw":
         index = faiss.IndexHNSWFlat(dim, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efConstruction = cfg.ef_construction
@@ -105,14 +105,6 @@ def new_index(cfg: IndexConfig, dim: int, first: np.ndarray | None):
     index = faiss.IndexIVFPQ(quantizer, dim, nlist, cfg.pq_m, cfg.pq_nbits, faiss.METRIC_INNER_PRODUCT)
     index.train(train)
     return index
-
-
-def set_search_params(index, cfg: IndexConfig, tuned: dict | None = None) -> None:
-    """The config's search parameters on `index`; for ivfpq the tuned nprobe where the store has one."""
-    if cfg.kind == "ivfpq":
-        index.nprobe = int(tuned["nprobe"]) if tuned else cfg.nprobe
-    elif cfg.kind == "hnsw":
-        index.hnsw.efSearch = cfg.ef_search
 
 
 def normalise(x: np.ndarray, what: str, divide: bool = True) -> np.ndarray:
@@ -167,6 +159,22 @@ def refine_exact(q: np.ndarray, ids: np.ndarray, arrays: list[np.ndarray], k: in
     return top_s, np.where(top_s > -np.inf, top_i, -1)
 
 
+def exact_search(q: np.ndarray, blocks, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) (q, n): the top n rows per query by exact inner product over `blocks`, the
+    rows in order as float32 blocks (a store's memory maps, one block at a time), best first."""
+    best_s = np.full((len(q), 0), -np.inf, np.float32)
+    best_i = np.zeros((len(q), 0), np.int64)
+    first = 0
+    for block in blocks:
+        scores = q @ block.T
+        ids = np.broadcast_to(np.arange(first, first + len(block)), scores.shape)
+        first += len(block)
+        best_s, best_i = np.hstack([best_s, scores]), np.hstack([best_i, ids])
+        top = top_positions(best_s, n)  # best first: the last pass leaves them sorted
+        best_s, best_i = np.take_along_axis(best_s, top, 1), np.take_along_axis(best_i, top, 1)
+    return best_s.astype(np.float32), best_i
+
+
 def top_positions(scores: np.ndarray, k: int) -> np.ndarray:
     """(q, m) -> (q, min(k, m)): per row, the positions of its k largest scores, best first, equal
     scores in position order: `np.argsort(-scores, axis=1, kind="stable")[:, :k]`, without sorting
@@ -188,11 +196,11 @@ def top_positions(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def row_reader(arrays: list[np.ndarray]):
-    """`read(ids) -> (m, dim)` float32 rows of the shards `arrays` (row numbers run on across them);
-    ids must be valid. One shard (the usual store): a single fancy index of its memory map."""
+    """`read(ids) -> (m, dim)` float32 rows of the shards `arrays` (float32 or float16; row numbers
+    run on across them); ids must be valid. One shard (the usual store): a single fancy index of its memory map."""
     if len(arrays) == 1:
         arr = arrays[0]
-        return lambda ids: np.asarray(arr[ids])
+        return lambda ids: np.asarray(arr[ids], np.float32)
     offsets = np.cumsum([0] + [len(a) for a in arrays])
 
     def read(ids: np.ndarray) -> np.ndarray:

@@ -2,51 +2,54 @@
 FAISS index. `vlctl embed` and `vlctl index` write it; every method, `search` and `cluster` read it.
 
     STORE/
-      manifest.json          written last on every change: format, encoder id and spec, dim, the
-                             image rows' shards, the text rows' shards, index config, generation,
-                             and per file its rows, bytes, sha256
-      emb-00000.npy ...      image rows: (rows, dim) float32, L2-normalised; one shard per `add`,
-                             never rewritten; memory-mapped when read
-      meta-00000.jsonl ...   one JSON object per image row (path, captions, labels, ...); read row
-                             by row through a memory map
-      txt-00000.npy ...      text rows (captions, prompts), the same way; optional
-      txtmeta-00000.jsonl    one object per text row: {"text": ..., "image": image row it describes}
-      index-<gen>.faiss      the FAISS index over the image rows (ids = row numbers), rewritten per
-                             add; absent for index kind "none" (search is then exact, in numpy)
+      manifest.json                     written last on every change: format, encoder, dim, dtype,
+                                        the image and text shards, index config and parts,
+                                        generation, and per file its rows, bytes, sha256
+      img_emb/img_emb_00000.npy ...     image rows: (rows, dim) float32 (or float16, `dtype`),
+                                        L2-normalised; one shard per `add`, never rewritten;
+                                        memory-mapped, float32 when handed out
+      metadata/metadata_00000.parquet   the image rows' fields (path, captions, labels, ...)
+      text_emb/text_emb_00000.npy ...   text rows (captions, prompts), the same way; optional
+      text_metadata/metadata_00000.parquet   per text row {"text", "image": the image row it describes}
+      index/trained.faiss, index/part_00000.faiss ...   ivfpq / hnsw: one index part per add
 
-Images and texts are two tables with their own row counts: a captioned collection has a text row
-per caption whose metadata names its image row (`Store.pairs()`), a set of class prompts has only
-text rows. Row i of the store means image row i.
+The image table is clip-retrieval's layout (img_emb/, metadata/), so embedding-reader and
+autofaiss read a store as it is; and a clip-retrieval folder opens here in place, read-only
+(`vlctl.embeddings.foreign`). A store of an older vlctl (emb-*.npy, meta-*.jsonl) is refused with
+the command that converts it.
 
-Atomicity: an `add` writes its new shard files and a new index file under fresh names, then
-replaces manifest.json in one rename. Until that rename the previous manifest names only the
-previous files, so a crash at any point leaves the previous store intact; files that no manifest
-names (left by a crash) are deleted by the next successful add.
+Images and texts are two tables with their own row counts: a caption's text row names its image
+row (`Store.pairs()`); class prompts are text rows alone. Row i of the store means image row i.
 
-Writers: one at a time. Creating a store and every add hold the store's lock (`vlctl.io.locked`,
-`.NAME.lock` beside the directory); an add re-reads the manifest under the lock, so rows another
-writer added since this one opened the store are kept, its own going after them. `vlctl index` and
-`vlctl embed` hold the lock from opening the store to the commit, so a second run waits (saying
-so) and then skips the images the first one added. Readers take no lock; a reader whose index file
-was replaced by an add re-opens the store once.
+Atomicity: an `add` writes its new shard files and its index part under fresh names, then replaces
+manifest.json in one rename. Until that rename the previous manifest names only the previous
+files, so a crash at any point leaves the previous store intact; files that no manifest names
+(left by a crash) are deleted by the next successful add. An add writes, reads and hashes only its
+own rows' files (and, with target_recall, its own rows for the tuning's exact answers): its cost is
+bound by the rows added, not by the store.
+
+Writers: one at a time, under the store's lock (`vlctl.io.locked`, `.NAME.lock` beside it); an
+add re-reads the manifest under the lock, so another writer's rows are kept, its own going after
+them. `vlctl index` / `vlctl embed` hold the lock from opening the store to the commit, so a second
+run waits, then skips the images the first added. Readers take no lock; a reader whose index part
+an add removed re-opens the store once.
 
 Search is maximum inner product over the normalised embeddings (= cosine similarity). Index kinds
-(`IndexConfig.kind`): "none" (no index file; exact search in numpy, the default of `vlctl embed`),
-"flat" (exact FAISS inner product, the default of `vlctl index`), "ivfpq" (inverted lists + product
-quantisation, trained on the first add; its top k * refine candidates are re-scored exactly from
-the stored embeddings), "hnsw" (graph over the full vectors). A `Reranker` re-scores the top
-candidates of any kind: TEVI rerank and ControlEmbed attribute queries plug in there.
+(`IndexConfig.kind`): "none" and "flat" (no index file: exact search over the memory-mapped
+shards, block by block; "none" is the default of `vlctl embed`, "flat" of `vlctl index`), "ivfpq"
+(inverted lists + product quantisation, trained on the first add; its top k * refine candidates
+are re-scored exactly from the stored embeddings), "hnsw" (a graph per add). A `Reranker` re-scores
+the top candidates of any kind: TEVI rerank and ControlEmbed attribute queries plug in there.
 
 Checks on open are cheap: sizes, shapes and counts against the manifest, and each file's fast hash
-(`vlctl.io.fast_hash_file`: blake2b of the whole file up to 1 MiB, of 64 sampled blocks above), so
-a shard edited or overwritten in place is refused; `Store.verify()` (`vlctl verify STORE`) also
-recomputes every sha256. A directory written by an older vlctl as a gallery
-("vlctl.gallery/1") opens as a store without text rows.
+(`vlctl.io.fast_hash_file`), so a shard edited in place is refused; `Store.verify()` (`vlctl verify
+STORE`) also recomputes every sha256.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import re
@@ -57,49 +60,42 @@ from typing import Any
 import numpy as np
 
 from vlctl.config import config_from_dict, config_to_dict
+from vlctl.embeddings.foreign import FOREIGN_FORMAT, UNKNOWN, is_foreign, remember_encoder
 from vlctl.embeddings.manifest import FORMAT, is_empty, new_manifest, now, read_manifest
-from vlctl.embeddings.results import Reranker, SearchResult
-from vlctl.embeddings.search import (
-    IndexConfig,
-    faiss_module,
-    new_index,
-    normalise,
-    refine_exact,
+from vlctl.embeddings.parts import (
+    INDEX_DIR,
+    add_part,
+    combine,
+    has_index,
+    new_part,
+    read_index,
     set_search_params,
-    top_positions,
 )
+from vlctl.embeddings.results import Reranker, SearchResult
+from vlctl.embeddings.search import IndexConfig, exact_search, normalise, refine_exact
 from vlctl.embeddings.table import (
     ADD_CHUNK,
+    LAYOUT,
     MANIFEST,
     Table,
     check_rows,
-    metadata_text,
+    check_text_metadata,
+    metadata_table,
+    shard_names,
     shard_record,
+    write_metadata,
     write_shard,
 )
-from vlctl.embeddings.tuning import tune_store
-from vlctl.fsops import VlctlError, locked, output_policy
-from vlctl.io import (
-    atomic_write_bytes,
-    atomic_write_json,
-    atomic_write_text,
-    check_content,
-    check_file,
-    fast_hash_file,
-    read_json,
-    sha256_file,
-)
+from vlctl.fsops import VlctlError, fsync_dir, locked, output_policy
+from vlctl.io import atomic_write_json, read_json, sha256_file
 
 __all__ = ["Store", "create_store", "open_or_create_store", "open_store"]
 
-_NAMES = r"(emb|meta|txt|txtmeta)-\d{5}\.(npy|jsonl)|index-\d+\.faiss"
-_SHARD_RE = re.compile(rf"^({_NAMES})$")
-_TEMP_RE = re.compile(rf"^\.({_NAMES}|{MANIFEST.replace('.', '[.]')})(\.[a-z0-9_]{{8}})?\.tmp$")  # ours only
-
-
-def write_index(index, path: Path) -> None:
-    """The FAISS index, serialised and written atomically (fsync, rename, a full disk as an error)."""
-    atomic_write_bytes(path, faiss_module().serialize_index(index).tobytes())
+# The directories of an add's files, and the temporaries of vlctl's atomic writes in them.
+_DIRS = sorted({name.split("/")[0] for pair in LAYOUT.values() for name in pair} | {INDEX_DIR})
+_NAMES = r"(img_emb|text_emb|metadata|part)_\d{5}\.(npy|parquet|faiss)|trained\.faiss"
+_OURS_RE = re.compile(rf"^({_NAMES})$|^\.({_NAMES})(\.[a-z0-9_]{{8}})?\.tmp$")
+_MANIFEST_TEMP_RE = re.compile(r"^\.manifest\.json(\.[a-z0-9_]{8})?\.tmp$")
 
 
 class Store:
@@ -119,9 +115,13 @@ class Store:
         self.path = path
         self.manifest = manifest
         self.config = config_from_dict(IndexConfig, manifest["index"]["config"], source=str(path / MANIFEST))
-        self.images_table = Table(path, manifest["shards"], self.dim, "embedding")
-        self.texts_table = Table(path, manifest.get("texts", {}).get("shards", []), self.dim, "text embedding")
+        source = path / "img_emb" if self.read_only else path / MANIFEST
+        dtype = manifest.get("dtype", "float32")
+        self.images_table = Table(path, manifest["shards"], self.dim, "embedding", dtype, source)
+        self.texts_table = Table(path, manifest.get("texts", {}).get("shards", []), self.dim, "text embedding",
+                                 dtype, source)
         self._index = None
+        self._parts: list = []  # the index parts the combined index reads (kept alive with it)
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -136,6 +136,16 @@ class Store:
     @property
     def dim(self) -> int:
         return int(self.manifest["dim"])
+
+    @property
+    def read_only(self) -> bool:
+        """A clip-retrieval folder opened in place (`vlctl.embeddings.foreign`): never written."""
+        return self.manifest["format"] == FOREIGN_FORMAT
+
+    @property
+    def encoder_known(self) -> bool:
+        """False for a clip-retrieval folder whose encoder nobody named (see `adopt_encoder`)."""
+        return not self.encoder_id.startswith(UNKNOWN)
 
     @property
     def key(self) -> str | None:
@@ -186,7 +196,8 @@ class Store:
         """The text of every text row, in row order; None if the store holds none."""
         if not len(self.texts_table):
             return None
-        return [m["text"] for m in self._text_metadata]
+        # a clip-retrieval folder's text rows are its images' captions
+        return [m["text"] if "text" in m else m.get("caption") for m in self._text_metadata]
 
     @functools.cached_property
     def _text_metadata(self) -> list[dict]:
@@ -221,28 +232,28 @@ class Store:
 
     @property
     def index(self):
-        """The FAISS index (read from disk on first use), with the config's search parameters;
-        None for index kind "none" and for an empty store."""
+        """The FAISS index over every index part (read from disk on first use), with the config's
+        search parameters; None for the exact kinds and for an empty store."""
         if self._index is None:
-            name = self.manifest["index"]["file"]
-            if name is None:
+            record = self.manifest["index"]
+            if not record.get("parts"):
                 return None
-            file = self.path / name
             try:
-                index = self._read_index(file)
+                trained = read_index(self.path, record["trained"], self.path / MANIFEST) if record.get("trained") else None
+                parts = [read_index(self.path, p, self.path / MANIFEST) for p in record["parts"]]
             except (VlctlError, OSError):
                 if read_manifest(self.path)["generation"] == self.manifest["generation"]:
                     raise
-                # An add committed since this store was opened and removed its index file (maybe
+                # An add committed since this store was opened and removed an index file (maybe
                 # while it was being read): re-open the store as it is now.
                 self.__init__(self.path)
                 return self.index
+            index, keep = combine(parts, self.config, trained)
             if index.ntotal != len(self) or index.d != self.dim:
-                raise VlctlError(
-                    f"{file}: index holds {index.ntotal} x {index.d}, manifest says {len(self)} x {self.dim}"
-                )
-            set_search_params(index, self.config, self.tuned)
-            self._index = index
+                raise VlctlError(f"{self.path / INDEX_DIR}: the index parts hold {index.ntotal} x {index.d}, "
+                                 f"{self.path / MANIFEST} says {len(self)} x {self.dim}")
+            set_search_params(index, parts, self.config, self.tuned)
+            self._index, self._parts = index, [parts, keep, trained]
         return self._index
 
     @property
@@ -250,15 +261,6 @@ class Store:
         """The search parameters the last add picked (`vlctl.embeddings.tuning`): {"nprobe", "refine",
         "recall", ...}; None for an untuned store (another kind, target_recall 0, or an older vlctl)."""
         return self.manifest["index"].get("tuned")
-
-    def _read_index(self, file: Path):
-        record = self.manifest["index"]
-        check_file(file, record["bytes"], self.path / MANIFEST, "FAISS index")
-        check_content(file, record.get("fast"), record.get("sha256"), self.path / MANIFEST)
-        try:
-            return faiss_module().read_index(str(file))
-        except RuntimeError as e:
-            raise VlctlError(f"{file}: cannot read FAISS index ({str(e).splitlines()[0]})") from None
 
     def verify(self) -> dict:
         """Recompute every file's sha256 and compare with the manifest (reads everything); check
@@ -268,28 +270,16 @@ class Store:
             f, b = table.verify()
             files, size = files + f, size + b
         idx = self.manifest["index"]
-        if idx["file"] is not None:
-            file = self.path / idx["file"]
-            check_file(file, idx["bytes"], self.path / MANIFEST, "FAISS index")
-            if sha256_file(file) != idx["sha256"]:
-                raise VlctlError(f"{file}: sha256 differs from {self.path / MANIFEST}")
-            files, size = files + 1, size + file.stat().st_size
+        for record in [idx.get("trained"), *idx.get("parts", [])]:
+            if record is not None:
+                file = self.path / record["file"]
+                read_index(self.path, record, self.path / MANIFEST)  # there, its size, readable
+                if sha256_file(file) != record["sha256"]:
+                    raise VlctlError(f"{file}: sha256 differs from {self.path / MANIFEST}")
+                files, size = files + 1, size + file.stat().st_size
         return {"files": files, "bytes": size}
 
     # -- search -------------------------------------------------------------------------------
-    def _exact_search(self, q: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top n image rows per query by exact inner product, shard by shard (no FAISS index)."""
-        best_s = np.full((len(q), 0), -np.inf, np.float32)
-        best_i = np.zeros((len(q), 0), np.int64)
-        for s, arr in enumerate(self.images_table._arrays):
-            for c in range(0, len(arr), ADD_CHUNK):
-                scores = q @ np.asarray(arr[c : c + ADD_CHUNK]).T
-                ids = np.broadcast_to(np.arange(c, c + scores.shape[1]) + self.images_table._offsets[s], scores.shape)
-                best_s, best_i = np.hstack([best_s, scores]), np.hstack([best_i, ids])
-                top = top_positions(best_s, n)  # best first: the last pass leaves them sorted
-                best_s, best_i = np.take_along_axis(best_s, top, 1), np.take_along_axis(best_i, top, 1)
-        return best_s.astype(np.float32), best_i
-
     def search(
         self, queries: np.ndarray, k: int = 10, reranker: Reranker | None = None, candidates: int | None = None
     ) -> SearchResult:
@@ -320,7 +310,7 @@ class Store:
         refine = refine if reranker is None and self.config.kind == "ivfpq" else 1
         n_cand = min(k * refine if reranker is None else max(k, candidates or 100), len(self))
         if self.index is None:
-            scores, ids = self._exact_search(q, n_cand)
+            scores, ids = exact_search(q, self.images_table.chunks(ADD_CHUNK), n_cand)
         else:
             scores, ids = self.index.search(q, n_cand)
         if refine > 1:  # ivfpq: the k best of the k * refine candidates by their exact scores
@@ -352,11 +342,21 @@ class Store:
         return self.search(encoder.encode_images(images, normalize=True).detach().cpu().numpy(), k, **kw)
 
     def check_encoder(self, encoder_id: str) -> None:
+        if not self.encoder_known:
+            raise VlctlError(f"{self.path}: a clip-retrieval folder that names no encoder; pass --encoder SPEC (the "
+                             "encoder that made its embeddings; it is recorded beside the folder)")
         if encoder_id != self.encoder_id:
             raise VlctlError(
                 f"{self.path / MANIFEST}: store was built with encoder {self.encoder_id!r}, not {encoder_id!r}; "
                 "embeddings of different encoders are not comparable (embed the images again with this encoder)"
             )
+
+    def adopt_encoder(self, encoder_id: str, encoder_spec: str | None) -> None:
+        """For a clip-retrieval folder that names no encoder: take this one (the user's word) and
+        record it in the sidecar beside the folder (`vlctl.embeddings.foreign.remember_encoder`)."""
+        if self.read_only and not self.encoder_known:
+            remember_encoder(self.path, encoder_id, encoder_spec)
+            self.manifest = {**self.manifest, "encoder_id": encoder_id, "encoder_spec": encoder_spec}
 
     # -- writing ------------------------------------------------------------------------------
     def add(
@@ -390,6 +390,9 @@ class Store:
             non-serialisable metadata, a text row without "text", an ivfpq first add too small to
             train on.
         """
+        if self.read_only:
+            raise VlctlError(f"{self.path}: a clip-retrieval folder is read in place and never written; to add rows, "
+                             f"make it a vlctl store first: `vlctl store convert {self.path} NEW_STORE`")
         with locked(self.path):
             disk = read_manifest(self.path)
             store = self if disk["generation"] == self.manifest["generation"] else Store(self.path, disk)
@@ -404,85 +407,90 @@ class Store:
         metadata = [{} for _ in range(n)] if metadata is None else list(metadata)
         if len(metadata) != n:
             raise VlctlError(f"add: {n} embeddings but {len(metadata)} metadata rows")
-        meta_text = metadata_text(metadata, "image")
+        meta_table, meta_encoding = metadata_table(metadata, "image")
         t = None if texts is None else check_rows(texts, self.dim, self.path, self.encoder_id, "text embeddings")
         m = 0 if t is None else len(t)
-        text_metadata = [] if text_metadata is None else list(text_metadata)
-        if len(text_metadata) != m:
-            raise VlctlError(f"add: {m} text embeddings but {len(text_metadata)} text metadata rows")
-        bad = next((j for j, tm in enumerate(text_metadata) if not isinstance(tm.get("text"), str)), None)
-        if bad is not None:
-            raise VlctlError(f"add: text metadata row {bad} has no \"text\" string")
         total = len(self) + n
-        bad = next((j for j, tm in enumerate(text_metadata)
-                    if "image" in tm and not (isinstance(tm["image"], int) and 0 <= tm["image"] < total)), None)
-        if bad is not None:
-            raise VlctlError(f"add: text metadata row {bad} names image {text_metadata[bad]['image']!r}, "
-                             f"the store will hold image rows 0..{total - 1}")
-        txt_meta_text = metadata_text(text_metadata, "text")
+        text_metadata = check_text_metadata(text_metadata, m, total)
+        txt_meta_table, txt_meta_encoding = metadata_table(text_metadata, "text")
         if n == 0 and m == 0:
             return self
 
         generation = int(self.manifest["generation"]) + 1
         self._remove_unreferenced()  # a crashed add may have left files under the new names
         manifest = dict(self.manifest)
-        index = self.index
+        index = self._index  # not read here: an add reads none of the earlier index parts
+        dtype = self.config.dtype
         try:
             if n:
                 shard_no = len(self.manifest["shards"])
-                emb_name, meta_name = f"emb-{shard_no:05d}.npy", f"meta-{shard_no:05d}.jsonl"
-                if index is None:  # first add: train where needed ("none" stays None)
-                    index = new_index(self.config, self.dim, x)
-                write_shard(self.path, emb_name, x, self.dim, index, "image", normalized)
-                atomic_write_text(self.path / meta_name, meta_text)
-                tuned = tune_store(self.config, index, [*self.images_table._arrays, np.load(self.path / emb_name, mmap_mode="r")])
-                manifest["shards"] = [*self.manifest["shards"], shard_record(self.path, n, emb_name, meta_name)]
+                emb_name, meta_name = shard_names("image", shard_no)
+                record = self.manifest["index"]
+                trained = self._parts[2] if self._parts else None
+                part = None
+                if has_index(self.config):
+                    if trained is None and record.get("trained"):
+                        trained = read_index(self.path, record["trained"], self.path / MANIFEST)
+                    part, trained = new_part(self.config, self.dim, x, trained)
+                write_shard(self.path, emb_name, x, self.dim, part, "image", normalized, dtype, len(self))
+                write_metadata(self.path, meta_name, meta_table)
+                manifest["shards"] = [*self.manifest["shards"],
+                                      shard_record(self.path, n, emb_name, meta_name, meta_encoding)]
                 manifest["count"] = total
-                if index is not None:
-                    index_name = f"index-{generation}.faiss"
-                    write_index(index, self.path / index_name)
-                    manifest["index"] = {
-                        "config": config_to_dict(self.config),
-                        "file": index_name,
-                        "bytes": (self.path / index_name).stat().st_size,
-                        "sha256": sha256_file(self.path / index_name),
-                        "fast": fast_hash_file(self.path / index_name),
-                        "faiss_type": type(index).__name__,
-                        **({"tuned": tuned} if tuned else {}),
-                    }
+                if part is not None:
+                    arrays = [*self.images_table._arrays, np.load(self.path / emb_name, mmap_mode="r")]
+                    tuned = self.config.kind == "ivfpq" and self.config.target_recall > 0
+                    manifest["index"] = add_part(self.path, self.manifest["index"], self.config, part, trained,
+                                                 shard_no, arrays, self._loaded_parts() if tuned else [])
+                    index = None  # the new store opens its parts on first use
             if m:
                 old = self.manifest.get("texts", {"count": 0, "shards": []})
                 shard_no = len(old["shards"])
-                emb_name, meta_name = f"txt-{shard_no:05d}.npy", f"txtmeta-{shard_no:05d}.jsonl"
-                write_shard(self.path, emb_name, t, self.dim, None, "text", normalized)
-                atomic_write_text(self.path / meta_name, txt_meta_text)
-                manifest["texts"] = {"count": old["count"] + m,
-                                     "shards": [*old["shards"], shard_record(self.path, m, emb_name, meta_name)]}
+                emb_name, meta_name = shard_names("text", shard_no)
+                write_shard(self.path, emb_name, t, self.dim, None, "text", normalized, dtype)
+                write_metadata(self.path, meta_name, txt_meta_table)
+                manifest["texts"] = {"count": old["count"] + m, "shards": [
+                    *old["shards"], shard_record(self.path, m, emb_name, meta_name, txt_meta_encoding)]}
         except BaseException:
-            # The in-memory index may hold part of the rows: drop it, the file on disk is intact.
-            self._index = None
+            # The in-memory index may hold part of the rows: drop it, the files on disk are intact.
+            self._index, self._parts = None, []
             raise
 
+        # The renames into the directories made durable before the manifest names their files.
+        for d in [d for d in _DIRS if (self.path / d).is_dir()] + ["."]:
+            fsync_dir(self.path / d)
         # the manifest, in one rename: from here on the new store is the store
         manifest["format"] = FORMAT
         manifest["generation"] = generation
         manifest["updated"] = now()
         atomic_write_json(self.path / MANIFEST, manifest)
         new = Store(self.path, manifest)
-        new._index = index
-        if index is not None:  # a fresh index has FAISS's defaults (nprobe 1), not the config's
-            set_search_params(index, new.config, new.tuned)
+        if index is not None:  # an add of text rows only: the image index is unchanged
+            new._index, new._parts = index, self._parts
         new._remove_unreferenced()
         return new
 
+    def _loaded_parts(self) -> list:
+        """The index parts of this store, read (before an add appends its own)."""
+        if self.index is None:
+            return []
+        return self._parts[0]
+
     def _remove_unreferenced(self) -> None:
-        """Delete shard/index files no manifest names (left by an interrupted add) and stale temps."""
-        named = {self.manifest["index"]["file"]}
+        """Delete shard/index files no manifest names (left by an interrupted add) and stale temps
+        of vlctl's writes; other files (the user's, beside a store made with --overwrite) stay."""
+        named = {p["file"] for p in [self.manifest["index"].get("trained"), *self.manifest["index"].get("parts", [])]
+                 if p is not None}
         for s in [*self.manifest["shards"], *self.manifest.get("texts", {}).get("shards", [])]:
             named |= {s["embeddings"], s["metadata"]}
         for f in self.path.iterdir():
-            if (_SHARD_RE.match(f.name) and f.name not in named) or _TEMP_RE.match(f.name):
+            if _MANIFEST_TEMP_RE.match(f.name):
                 f.unlink(missing_ok=True)
+        for d in _DIRS:
+            if (self.path / d).is_dir():
+                for f in (self.path / d).iterdir():
+                    if _OURS_RE.match(f.name) and f"{d}/{f.name}" not in named:
+                        f.unlink(missing_ok=True)
 
 
 def create_store(
@@ -492,6 +500,7 @@ def create_store(
     config: IndexConfig | None = None,
     encoder_spec: str | None = None,
     info: dict | None = None,
+    dtype: str | None = None,
 ) -> Store:
     """Create an empty store directory (refuses a non-empty existing directory, unless the output
     policy says --overwrite: then the store's files go beside the others, which are kept).
@@ -499,10 +508,12 @@ def create_store(
     `encoder_spec` (e.g. "open_clip:ViT-B-32/laion2b_s34b_b79k") is recorded, local paths made
     absolute, so `vlctl search` can rebuild the encoder; the encoder id still decides
     compatibility. `info` is what the writer knows about the source (data id, preprocessing, ...),
-    kept in the manifest.
+    kept in the manifest. `dtype` ("float32" or "float16"), if given, overrides `config.dtype`.
     """
     path = Path(path)
     config = config or IndexConfig()
+    if dtype is not None:
+        config = dataclasses.replace(config, dtype=dtype)
     if not isinstance(dim, int) or dim < 1:
         raise VlctlError(f"create_store: dim must be a positive integer, got {dim!r}")
     if not isinstance(encoder_id, str) or not encoder_id:
@@ -550,6 +561,8 @@ def open_or_create_store(
     A store that holds nothing yet (its first add failed, e.g. on a bad ivfpq config) fixes
     nothing: it is re-created with this encoder and config."""
     path = Path(path)
+    if is_foreign(path):
+        Store(path).add(None)  # refused: a clip-retrieval folder is read, never written
     with locked(path):
         if path.is_dir() and (path / MANIFEST).is_file():
             store = open_store(path)
@@ -574,6 +587,9 @@ def discard_if_empty(path: str | os.PathLike) -> None:
     with locked(path), contextlib.suppress(VlctlError, OSError):
         if is_empty(read_manifest(path)):
             (path / MANIFEST).unlink()
+            for d in _DIRS:  # what an interrupted first add created, if it is still empty
+                with contextlib.suppress(OSError):
+                    (path / d).rmdir()
             path.rmdir()
 
 

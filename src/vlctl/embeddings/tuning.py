@@ -4,10 +4,12 @@ The way autofaiss tunes an index (and FAISS's ParameterSpace explores one): try 
 sample queries whose exact answers are known, keep the settings that reach the target recall@k,
 take the cheapest. Here:
 
-- Queries: `IndexConfig.tune_queries` stored rows, a fixed-seed sample of the store itself (never a
-  benchmark's or a user's test queries). Each one is held out of its own answer: its exact top-k is
-  the k nearest *other* rows, and its own row is dropped from the index's candidates, so a query
-  cannot score by finding itself.
+- Queries: `IndexConfig.tune_queries` stored rows, a fixed-seed sample of the store's first add
+  (never a benchmark's or a user's test queries), kept for the store's life. Each one is held out
+  of its own answer: its exact top-k is the k nearest *other* rows, and its own row is dropped from
+  the index's candidates, so a query cannot score by finding itself.
+- Exact answers are kept in the manifest (`index.tune_truth`) and brought up to date by each add
+  from its own rows only (`update_truth`): an add never re-reads the rows already stored.
 - Grid: nprobe in 1, 2, 4, ... up to `IndexConfig.nprobe`; refine (k * refine candidates re-scored
   exactly) in 1, 2, 3, 5, 8, ... up to `IndexConfig.refine`. The configured values are the most the
   tuning may pick, so a tuned store is never slower than an untuned one with the same config.
@@ -33,7 +35,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from vlctl.embeddings.search import IndexConfig, refine_exact, row_reader, set_search_params
+from vlctl.embeddings.search import IndexConfig, refine_exact, row_reader
 
 TUNE_K = 10  # recall@10, the figure users compare ANN indexes by
 TUNE_SEED = 0
@@ -48,17 +50,20 @@ NPROBE_STEPS = [2**i for i in range(25)]
 REFINE_STEPS = [1, 2, 3, 5, 8, 12, 16, 24, 32, 50, 75, 100, 150, 200, 300, 500, 1000, 2000, 5000, 10_000]
 
 
-def exact_neighbours(arrays: Sequence[np.ndarray], query_ids: np.ndarray, k: int, chunk: int = 65_536) -> np.ndarray:
+def exact_neighbours(arrays: Sequence[np.ndarray], query_ids: np.ndarray, k: int, chunk: int = 65_536,
+                     start: int = 0) -> np.ndarray:
     """(m, k) int64: for each stored row in `query_ids`, the k other rows of highest inner product
-    (its own row excluded), best first, over the rows of `arrays` (the store's shards in order)."""
+    (its own row excluded), best first, among the rows of `arrays[start:]` (`arrays`: the store's
+    shards in order; row numbers run on across them); -1 where those hold fewer than k."""
     offsets = np.cumsum([0] + [len(a) for a in arrays])
-    shard = np.searchsorted(offsets, query_ids, side="right") - 1
-    q = np.stack([np.asarray(arrays[s][i - offsets[s]]) for s, i in zip(shard, query_ids)]).astype(np.float32)
+    read = row_reader(list(arrays))
+    q = read(query_ids)
     best_s = np.full((len(q), 0), -np.inf, np.float32)
     best_i = np.zeros((len(q), 0), np.int64)
-    for s, arr in enumerate(arrays):
+    for s in range(start, len(arrays)):
+        arr = arrays[s]
         for c in range(0, len(arr), chunk):
-            sc = q @ np.asarray(arr[c : c + chunk]).T
+            sc = q @ np.asarray(arr[c : c + chunk], np.float32).T
             ids = np.arange(c, c + sc.shape[1]) + offsets[s]
             sc[ids[None, :] == query_ids[:, None]] = -np.inf  # held out of its own answer
             top = min(k, sc.shape[1])
@@ -67,38 +72,59 @@ def exact_neighbours(arrays: Sequence[np.ndarray], query_ids: np.ndarray, k: int
             best_i = np.concatenate([best_i, ids[part]], 1)
             keep = np.argsort(-best_s, axis=1, kind="stable")[:, :k]
             best_s, best_i = np.take_along_axis(best_s, keep, 1), np.take_along_axis(best_i, keep, 1)
-    return best_i
+    best_i = np.where(best_s > -np.inf, best_i, -1)
+    return np.pad(best_i, ((0, 0), (0, k - best_i.shape[1])), constant_values=-1)
+
+
+def update_truth(arrays: Sequence[np.ndarray], truth: dict | None, n_queries: int, k: int = TUNE_K) -> dict:
+    """The tuning queries and their exact top-k after an add whose rows are `arrays[-1]`:
+    {"queries": [row ids], "neighbours": [[k row ids], ...]} (JSON-ready). The first add draws the
+    queries (a fixed-seed sample of its rows); a later add scans only its own rows and merges their
+    best with the kept answers (ties keep the lower row, as a scan of every row would)."""
+    if truth is None:
+        n = sum(len(a) for a in arrays)
+        query_ids = np.sort(np.random.default_rng(TUNE_SEED).choice(n, min(n_queries, n - 1), replace=False))
+        neighbours = exact_neighbours(arrays, query_ids.astype(np.int64), k)
+    else:
+        query_ids = np.asarray(truth["queries"], np.int64)
+        old = np.asarray(truth["neighbours"], np.int64).reshape(len(query_ids), k)
+        new = exact_neighbours(arrays, query_ids, k, start=len(arrays) - 1)
+        both = np.concatenate([old, new], 1)
+        read = row_reader(list(arrays))
+        q = read(query_ids)
+        rows = read(np.maximum(both, 0).ravel()).reshape(*both.shape, -1)
+        scores = np.where(both >= 0, np.matmul(rows, q[:, :, None])[:, :, 0], -np.inf)
+        neighbours = np.take_along_axis(both, np.argsort(-scores, axis=1, kind="stable")[:, :k], 1)
+    return {"queries": query_ids.tolist(), "neighbours": neighbours.tolist()}
 
 
 def tune_ivfpq(
     index,
-    arrays: Sequence[np.ndarray],
     vectors: Callable[[np.ndarray], np.ndarray],
     search: Callable[[np.ndarray, int, int, int], object],
     nprobe_cap: int,
     refine_cap: int,
     target: float,
-    n_queries: int,
+    truth: dict,
     k: int = TUNE_K,
 ) -> dict:
     """The cheapest (nprobe, refine) reaching recall@k >= `target` (module docstring).
 
     Args:
         index: the trained FAISS IndexIVFPQ holding every row (its nprobe is changed here).
-        arrays: the store's image shards, in row order (for the exact answers).
         vectors: stored rows by id (m,) -> (m, dim), the store's `vectors`.
         search: `search(query (1, dim), k, nprobe, refine)`, the store's own single-query path, timed.
         nprobe_cap, refine_cap: the largest values tried (the config's).
         target: recall@k to reach.
-        n_queries: sample size (fewer if the store holds fewer rows).
+        truth: the tuning queries and their exact answers (`update_truth`).
 
     Returns: {"nprobe", "refine", "recall", "reached", "target", "k", "queries", "latency_ms",
     "frontier": [[nprobe, refine, recall, latency_ms], ...]} (JSON-ready).
     """
     n = int(index.ntotal)
-    m = min(n_queries, n - 1)
-    query_ids = np.sort(np.random.default_rng(TUNE_SEED).choice(n, m, replace=False)).astype(np.int64)
-    truth = exact_neighbours(arrays, query_ids, k)
+    query_ids = np.asarray(truth["queries"], np.int64)
+    m = len(query_ids)
+    truth = np.asarray(truth["neighbours"], np.int64)
     q = vectors(query_ids)
     nprobes = grid(min(nprobe_cap, int(index.nlist)), NPROBE_STEPS)
     refines = grid(refine_cap, REFINE_STEPS)
@@ -169,20 +195,21 @@ def _time_points(points: list, q: np.ndarray, k: int, search: Callable, rounds: 
     return [1000 * float(np.median(t)) for t in times]
 
 
-def tune_store(cfg: IndexConfig, index, arrays: Sequence[np.ndarray]) -> dict | None:
-    """For an ivfpq store with target_recall > 0: `tune_ivfpq` over every row (`arrays`: the
-    store's image shards, the one being added included), the index left with the picked nprobe;
-    None (nothing tuned) otherwise."""
+def tune_store(cfg: IndexConfig, index, arrays: Sequence[np.ndarray], truth: dict | None) -> tuple[dict, dict] | None:
+    """For an ivfpq store with target_recall > 0: the tuning queries' answers brought up to date with
+    the add's rows (`arrays[-1]`; `truth`: the kept ones, None at the first add) and `tune_ivfpq`'s
+    pick, as (tuned, truth), the index left with the picked nprobe; None (nothing tuned) otherwise."""
     if cfg.kind != "ivfpq" or cfg.target_recall <= 0 or index is None or index.ntotal < 2:
         return None
     arrays = list(arrays)
     read = row_reader(arrays)
+    truth = update_truth(arrays, truth, cfg.tune_queries)
 
     def search(row, k, nprobe, refine):  # Store.search's ivfpq path, less its input checks
         index.nprobe = nprobe
         _, ids = index.search(row, min(k * refine, index.ntotal))
         return refine_exact(row, ids, arrays, k) if refine > 1 else ids
 
-    tuned = tune_ivfpq(index, arrays, read, search, cfg.nprobe, cfg.refine, cfg.target_recall, cfg.tune_queries)
-    set_search_params(index, cfg, tuned)
-    return tuned
+    tuned = tune_ivfpq(index, read, search, cfg.nprobe, cfg.refine, cfg.target_recall, truth)
+    index.nprobe = tuned["nprobe"]
+    return tuned, truth
