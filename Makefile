@@ -11,7 +11,7 @@ OUT     ?= runs/demo
 # (root or passwordless sudo), else one line per missing part; it never fails the make.
 $(STAMP): pyproject.toml scripts/system-deps.sh
 	test -d $(VENV) || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,milvus]'
 	@sh scripts/system-deps.sh $(BIN)/python
 	touch $(STAMP)
 
