@@ -241,6 +241,7 @@ def fill(store: Any, backend: Backend | str, config: MilvusConfig | None = None,
         held = 0
     else:
         _check_source(backend, rec, store, config)
+        _call(backend, "loading the collection", client.load_collection, backend.collection)
         held = _count(client, backend)
     batch = config_from_dict(MilvusConfig, rec["config"], source=str(backend)).batch
     added = 0
