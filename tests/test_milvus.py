@@ -71,6 +71,8 @@ def test_fill_search_and_resume_equal_the_local_store(tmp_path):
     coll.client.delete(coll.backend.collection, ids=[0, 101, 102, 299])
     rep = fill(store, backend, progress=False)
     assert (rep["added"], rep["already_present"], rep["count"]) == (54, 296, 350)
+    coll.client.delete(coll.backend.collection, ids=[200, 349])  # past a held prefix of whole batches
+    assert fill(store, backend, progress=False)["added"] == 2
     coll = open_milvus(backend)
     assert len(coll) == 350
     ids = [r["id"] for r in coll.client.query(coll.backend.collection, filter="id >= 0", output_fields=["id"])]

@@ -184,9 +184,10 @@ def _recorded(client, backend: Backend) -> dict | None:
 def _create(client, backend: Backend, store: Any, config: MilvusConfig) -> dict:
     from pymilvus import DataType, MilvusClient
 
-    rec = {"format": FORMAT, "encoder_id": store.encoder_id, "encoder_spec": store.encoder_spec, "dim": store.dim,
-           "first_row": first_row_hash(store), "config": config_to_dict(config), "info": dict(store.info),
-           "source": str(store.path)}
+    # encoder_spec and info: a vlctl store's; any object with the store's read API may lack them.
+    rec = {"format": FORMAT, "encoder_id": store.encoder_id, "encoder_spec": getattr(store, "encoder_spec", None),
+           "dim": store.dim, "first_row": first_row_hash(store), "config": config_to_dict(config),
+           "info": dict(getattr(store, "info", None) or {}), "source": str(store.path)}
     schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
     schema.add_field("id", DataType.INT64, is_primary=True)
     schema.add_field("vector", DataType.FLOAT_VECTOR, dim=store.dim)
@@ -218,9 +219,20 @@ def _present(client, backend: Backend, lo: int, hi: int) -> set[int]:
     return {int(r["id"]) for r in rows}
 
 
-def _count(client, backend: Backend) -> int:
-    rows = _call(backend, "counting rows", client.query, backend.collection, filter="", output_fields=["count(*)"])
+def _count(client, backend: Backend, where: str = "") -> int:
+    rows = _call(backend, "counting rows", client.query, backend.collection, filter=where, output_fields=["count(*)"])
     return int(rows[0]["count(*)"])
+
+
+def _held_prefix(client, backend: Backend, n: int, batch: int) -> int:
+    """The most whole batches' rows (at most n) whose ids the collection all holds: a binary search
+    on count(id < m) == m, which holds up to the first missing row (no id is held twice)."""
+    lo, hi = 0, -(-n // batch)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        m = min(mid * batch, n)
+        lo, hi = (mid, hi) if _count(client, backend, f"id < {m}") == m else (lo, mid - 1)
+    return min(lo * batch, n)
 
 
 def fill(store: Any, backend: Backend | str, config: MilvusConfig | None = None, progress: bool = True) -> dict:
@@ -244,13 +256,14 @@ def fill(store: Any, backend: Backend | str, config: MilvusConfig | None = None,
         _call(backend, "loading the collection", client.load_collection, backend.collection)
         held = _count(client, backend)
     batch = config_from_dict(MilvusConfig, rec["config"], source=str(backend)).batch
+    start = _held_prefix(client, backend, len(store), batch) if held else 0
     added = 0
     # An insert that flushes a segment waits for its index build (minutes at 100k rows): the
     # heartbeat keeps a line at least every 30 s.
     beat = heartbeat(f"milvus {backend.collection}") if progress else contextlib.nullcontext()
-    with beat, progress_bar(total=len(store), desc=f"milvus {backend.collection}", unit="rows",
+    with beat, progress_bar(total=len(store), desc=f"milvus {backend.collection}", unit="rows", initial=start,
                             disable=not progress) as bar:
-        for lo in range(0, len(store), batch):
+        for lo in range(start, len(store), batch):
             hi = min(lo + batch, len(store))
             have = _present(client, backend, lo, hi) if held else set()
             ids = np.array([i for i in range(lo, hi) if i not in have], np.int64)
