@@ -52,7 +52,12 @@ def _config(args):
     from vlctl.embeddings.milvus import MilvusConfig
 
     return MilvusConfig(index=args.index, m=args.m, ef_construction=args.ef_construction, ef=args.ef,
-                        batch=args.batch)
+                        nlist=args.nlist, nprobe=args.nprobe, batch=args.batch)
+
+
+def _knob(args) -> tuple[str, int]:
+    """The query-time parameter the sweep varies: nprobe for IVF_FLAT, ef for HNSW."""
+    return ("nprobe", args.nprobe) if args.index == "IVF_FLAT" else ("ef", args.ef)
 
 
 def build_store(path: Path, data: np.ndarray) -> None:
@@ -96,10 +101,11 @@ def step_search(args, work: Path) -> dict:
     t = time.perf_counter()
     coll = open_milvus(f"milvus:{work / 'bench.db'}#{args.collection}")
     res: dict = {"open_s": round(time.perf_counter() - t, 2)}
-    for ef in sorted({args.ef, *args.efs}):
-        coll.config = dataclasses.replace(coll.config, ef=ef)
+    knob, base = _knob(args)
+    for v in sorted({base, *args.sweep}):
+        coll.config = dataclasses.replace(coll.config, **{knob: v})
         ids, lat = _timed(coll, queries)
-        tag = "" if ef == args.ef else f"_ef{ef}"
+        tag = "" if v == base else f"_{knob}{v}"
         res.update({f"search_ms_p50{tag}": round(1000 * float(np.percentile(lat, 50)), 2),
                     f"search_ms_p99{tag}": round(1000 * float(np.percentile(lat, 99)), 2),
                     f"recall@10{tag}": round(recall_at_k(ids, truth, 10), 4)})
@@ -122,10 +128,11 @@ def step_controlembed(args, work: Path) -> dict:
     local = store.search(moved, k=10)
     coll = open_milvus(f"milvus:{work / 'bench.db'}#ce")
     res: dict = {"ce_rows": len(store), "ce_queries": len(moved)}
-    for ef in sorted({args.ef, *args.efs}):
-        coll.config = dataclasses.replace(coll.config, ef=ef)
+    knob, base = _knob(args)
+    for v in sorted({base, *args.sweep}):
+        coll.config = dataclasses.replace(coll.config, **{knob: v})
         remote = coll.search(moved, k=10)
-        tag = "" if ef == args.ef else f"_ef{ef}"
+        tag = "" if v == base else f"_{knob}{v}"
         res.update({f"ce_top10_same_fraction{tag}": round(float((local.ids == remote.ids).all(1).mean()), 4),
                     f"ce_top10_overlap{tag}": round(recall_at_k(remote.ids, local.ids, 10), 4)})
     return res
@@ -153,7 +160,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--m", type=int, default=16)
     p.add_argument("--ef-construction", type=int, default=200)
     p.add_argument("--ef", type=int, default=128)
-    p.add_argument("--efs", type=int, nargs="*", default=[64, 256, 512], help="other search ef to measure")
+    p.add_argument("--nlist", type=int, default=1024)
+    p.add_argument("--nprobe", type=int, default=32)
+    p.add_argument("--sweep", type=int, nargs="*", default=[], help="other values of the query-time parameter "
+                   "(ef, or nprobe for IVF_FLAT) to measure")
     p.add_argument("--batch", type=int, default=2000)
     p.add_argument("--work", default=None, help="scratch directory (default: a temp dir; deleted after)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
@@ -179,7 +189,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"[bench] data and stores in {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
         del data
         res = {"n": args.n, "dim": args.dim, "queries": args.queries, "backend": "Milvus Lite (milvus-lite 3.2.2)",
-               "config": {k: getattr(_config(args), k) for k in ("index", "m", "ef_construction", "ef", "batch")},
+               "config": {k: getattr(_config(args), k) for k in ("index", "m", "ef_construction", "ef", "nlist", "nprobe",
+                                                                  "batch")},
                "store_bytes": _du(work / "store")}
         res.update(_run_step("fill", args, work))
         res["disk_bytes"] = _du(work / "bench.db")

@@ -145,6 +145,9 @@ def _call(backend: Backend, doing: str, fn, *args, **kw):
 
 def connect(backend: Backend):
     """A pymilvus MilvusClient of `backend` (Milvus Lite starts in this process for a .db path)."""
+    # gRPC's C core logs to stderr itself (Milvus Lite's server answers a client's keepalive pings
+    # during a long insert with GOAWAY, which the client survives); vlctl's errors are one line.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     try:
         from pymilvus import MilvusClient
         from pymilvus.exceptions import MilvusException
