@@ -11,7 +11,7 @@ OUT     ?= runs/demo
 # (root or passwordless sudo), else one line per missing part; it never fails the make.
 $(STAMP): pyproject.toml scripts/system-deps.sh
 	test -d $(VENV) || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,milvus]'
 	@sh scripts/system-deps.sh $(BIN)/python
 	touch $(STAMP)
 
@@ -47,6 +47,7 @@ bench: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/python benchmarks/run.py
 	$(BIN)/python benchmarks/index_bench.py --kinds flat ivfpq --json benchmarks/index_results.json
 	$(BIN)/python benchmarks/serve_load.py --demo-dir $(OUT) --json benchmarks/serve_load.json
+	nice -n 10 $(BIN)/python benchmarks/milvus_bench.py --json benchmarks/milvus_bench.json
 	PYTHONPATH=src $(PEERS)/bin/python benchmarks/peers.py
 
 bench-peers: $(PEERS_STAMP)

@@ -29,6 +29,11 @@ def _chromium_missing():
     return None
 
 
+def _milvus_missing():
+    missing = [m for m in ("pymilvus", "milvus_lite") if importlib.util.find_spec(m) is None]
+    return f"{' and '.join(missing)} not installed" if missing else None
+
+
 # mark -> (what is missing or None, the skip reason: the part, what goes untested, the install command).
 OPTIONAL = {
     "needs_wordnet": (
@@ -38,6 +43,10 @@ OPTIONAL = {
     "needs_chromium": (
         _chromium_missing(),
         "needs Chromium (the web page in a browser): sudo apt-get install chromium",
+    ),
+    "needs_milvus": (
+        _milvus_missing(),
+        "needs pymilvus and milvus-lite (the Milvus backend, through Milvus Lite): pip install -e '.[milvus]'",
     ),
 }
 

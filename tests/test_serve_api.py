@@ -116,7 +116,8 @@ def state(world):
 def client(state):
     from fastapi.testclient import TestClient
 
-    from vlctl.serve.app import ServeConfig, create_app
+    from vlctl.serve.app import create_app
+    from vlctl.serve.config import ServeConfig
 
     with TestClient(create_app(state, ServeConfig(max_pixels=100_000, max_upload_bytes=200_000))) as c:
         yield c
@@ -525,7 +526,8 @@ def test_heavy_work_in_its_own_process(world, state):
 
     from fastapi.testclient import TestClient
 
-    from vlctl.serve.app import ServeConfig, create_app
+    from vlctl.serve.app import create_app
+    from vlctl.serve.config import ServeConfig
     from vlctl.serve.heavy import HeavyWorker
 
     heavy = HeavyWorker(functools.partial(world_state, world), threads=1)
@@ -609,7 +611,8 @@ def test_reports_serve_only_their_own_files(tmp_path, world):
 def test_token_is_required_when_set(world):
     from fastapi.testclient import TestClient
 
-    from vlctl.serve.app import ServeConfig, create_app
+    from vlctl.serve.app import create_app
+    from vlctl.serve.config import ServeConfig
 
     c = TestClient(create_app(world_state(world), ServeConfig(token="s3cret")))
     assert "token" in _error(c.get("/api/info"), 401)
@@ -628,7 +631,8 @@ def test_a_request_past_the_timeout_is_a_json_504(world, monkeypatch):
     from fastapi.testclient import TestClient
 
     from vlctl.serve import work
-    from vlctl.serve.app import ServeConfig, create_app
+    from vlctl.serve.app import create_app
+    from vlctl.serve.config import ServeConfig
 
     release, finished = threading.Event(), []
 

@@ -19,7 +19,8 @@ EXAMPLES = 12  # per operation and mode: 13 operations x 2 modes
 
 @pytest.fixture  # one app per test: an app's lifespan ends with its test (its worker pools shut down)
 def api_schema(tmp_path_factory):
-    from vlctl.serve.app import ServeConfig, create_app
+    from vlctl.serve.app import create_app
+    from vlctl.serve.config import ServeConfig
 
     app = create_app(world_state(shared_world(tmp_path_factory)), ServeConfig(max_upload_bytes=64 * 1024,
                                                                                max_pixels=4096))

@@ -40,7 +40,7 @@ CONFIGS = [
     "vlctl.recipes.controlembed.shapes:ControlEmbedShapesRecipe", "vlctl.recipes.threevl.lit:ThreeVLLitRecipe",
     "vlctl.recipes.tevi.coco:TeviCocoRecipe", "vlctl.recipes.controlembed.real:ControlEmbedRealRecipe",
     "vlctl.recipes.threevl.coco:ThreeVLCocoRecipe", "vlctl.recipes.real_data:ThreeVLCocoData",
-    "vlctl.recipes.real_common:EncoderRun", "vlctl.audit:AuditConfig", "vlctl.serve.app:ServeConfig",
+    "vlctl.recipes.real_common:EncoderRun", "vlctl.audit:AuditConfig", "vlctl.serve.config:ServeConfig",
 ]
 
 

@@ -48,6 +48,8 @@ def interrupted_message(args: argparse.Namespace, before: tuple[str | None, int 
         if (ckpt / "state.json").is_file():
             return f"vlctl: interrupted; the last checkpoint ({ckpt}) is kept: the same command with --resume continues"
         return "vlctl: interrupted before the first checkpoint was written; nothing is kept: the same command starts afresh"
+    if getattr(args, "backend", None) and args.command == "index":  # each insert is kept: the rerun adds the rest
+        return f"vlctl: interrupted; the rows inserted so far stay in {args.backend}: the same command adds the rest"
     if args.command in ("embed", "index") and out is not None:
         if had is None and not Path(out).exists():
             return f"vlctl: interrupted; nothing was written ({out} was not created): the same command starts afresh"

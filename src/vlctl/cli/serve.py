@@ -17,15 +17,18 @@ from vlctl.config import add_config_args, config_from_args
 from vlctl.fsops import VlctlError
 
 DEMO_DIR = "runs/demo"  # where `make demo` writes
-STATE_ARGS = ("store", "demo", "demo_dir", "controlembed", "tevi", "sae", "encoder", "data", "tuned", "reports")
+STATE_ARGS = ("store", "backend", "demo", "demo_dir", "controlembed", "tevi", "sae", "encoder", "data", "tuned", "reports")
 
 
 def serve_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.args import in_path, text_arg
-    from vlctl.serve.app import ServeConfig
+    from vlctl.serve.config import ServeConfig
 
     p.add_argument("store", nargs="?", default=None, type=in_path("store directory", "dir"),
-                   help="store directory (vlctl embed / vlctl index); or --demo")
+                   help="store directory (vlctl embed / vlctl index); or --backend, or --demo")
+    p.add_argument("--backend", default=None, type=text_arg("backend"), help="serve a Milvus collection instead of "
+                   "a store directory: milvus:PATH.db, milvus:http(s)://HOST:PORT or milvus:HOST:PORT, then "
+                   "#COLLECTION (filled by `vlctl index STORE --backend`; docs/deployment.md)")
     p.add_argument("--demo", action="store_true", help="serve what `make demo` left in --demo-dir: the shapes store "
                    "with ControlEmbed, MAD with TEVI, the scenes with the base and tree-tuned models, the reports")
     p.add_argument("--demo-dir", default=None, type=in_path("demo directory", "dir"),
@@ -52,8 +55,8 @@ def build_state(args: argparse.Namespace):
     from vlctl.serve.demo import demo_state
     from vlctl.serve.state import state_for_store
 
-    if args.demo == (args.store is not None):
-        raise VlctlError("serve: give a STORE directory or --demo (one of them)")
+    if [args.demo, args.store is not None, args.backend is not None].count(True) != 1:
+        raise VlctlError("serve: give a STORE directory, --backend or --demo (one of them)")
     if args.demo_dir is not None and not args.demo:
         raise VlctlError("serve: --demo-dir goes with --demo")
     if args.demo:
@@ -68,7 +71,8 @@ def build_state(args: argparse.Namespace):
                                  "or name the directory it wrote)")
         return demo_state(demo_dir)
     return state_for_store(args.store, controlembed=args.controlembed, tevi=args.tevi, encoder=args.encoder,
-                           data=args.data, tuned=args.tuned, reports=args.reports, sae=args.sae)
+                           data=args.data, tuned=args.tuned, reports=args.reports, sae=args.sae,
+                           backend=args.backend)
 
 
 def state_from_fields(fields: dict):
@@ -116,7 +120,8 @@ def bind(host: str, port: int):
 def serve(args: argparse.Namespace) -> dict:
     import uvicorn
 
-    from vlctl.serve.app import ServeConfig, check_bind, create_app
+    from vlctl.serve.app import create_app
+    from vlctl.serve.config import ServeConfig, check_bind
 
     config = config_from_args(ServeConfig, args)
     if not config.token and os.environ.get("VLCTL_SERVE_TOKEN"):
@@ -138,7 +143,10 @@ def serve(args: argparse.Namespace) -> dict:
         from vlctl.serve.heavy import HeavyWorker
 
         print("[vlctl] serve: starting the process for explain and clustering\u2026", file=sys.stderr)
-        heavy = HeavyWorker(functools.partial(state_from_fields, _plain(args)),
+        fields = _plain(args)
+        if args.backend is not None:  # Milvus Lite's data is this process's: the workers reach it through its server
+            fields["backend"] = next(iter(state.collections.values())).store.shared()
+        heavy = HeavyWorker(functools.partial(state_from_fields, fields),
                             threads=config.heavy_threads, nice=config.heavy_nice)
         heavy.wait_ready()
     app = create_app(state, config, heavy)

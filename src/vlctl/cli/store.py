@@ -7,6 +7,8 @@
     vlctl search store/ --embedding query.npy
     vlctl search laion_part/ --text "a red bicycle" --encoder open_clip:ViT-B-32/laion2b_s34b_b79k
     vlctl store convert old_store/ new_store/
+    vlctl index store/ --backend milvus:photos.db       # a Milvus collection from the store (resumable)
+    vlctl search --backend milvus:photos.db --text "a red bicycle"
 """
 
 from __future__ import annotations
@@ -79,7 +81,42 @@ def embed(args: argparse.Namespace) -> dict:
 
 
 def index(args: argparse.Namespace) -> dict:
+    if args.backend is not None:
+        return _fill_backend(args)
+    missing = [f for f, v in (("--encoder", args.encoder), ("--out", args.out)) if v is None]
+    if missing:  # required unless --backend
+        raise VlctlError(f"the following arguments are required: {', '.join(missing)} (or --backend milvus:..., "
+                         "to fill a Milvus collection from a store; see vlctl index --help)")
     return _embed_into_store(args, INDEX_KIND)
+
+
+_MILVUS_PREFIX = "milvus-"  # MilvusConfig fields become --milvus-index, --milvus-ef, ...
+
+
+def _fill_backend(args: argparse.Namespace) -> dict:
+    """`vlctl index STORE --backend milvus:...`: the store's rows into a Milvus collection."""
+    from vlctl.embeddings.milvus import MilvusConfig, fill
+    from vlctl.embeddings.store import open_store
+
+    given = [f for f in dataclasses.fields(MilvusConfig) if getattr(args, _MILVUS_PREFIX + f.name) is not None]
+    if args.encoder is not None or args.out is not None:
+        raise VlctlError("index --backend: SOURCE is a store, filled into the backend as it is; --encoder and --out "
+                         "go with images (embed them into a store first)")
+    config = config_from_args(MilvusConfig, args, prefix=_MILVUS_PREFIX) if given else None
+    return fill(open_store(args.source), args.backend, config, progress=not args.no_progress)
+
+
+def open_searchable(store: str | None, backend: str | None):
+    """The store directory or the Milvus collection (`--backend`) a command searches."""
+    if (store is None) == (backend is None):
+        raise VlctlError("give a STORE directory or --backend milvus:..., one of them")
+    if backend is not None:
+        from vlctl.embeddings.milvus import open_milvus
+
+        return open_milvus(backend)
+    from vlctl.embeddings.store import open_store
+
+    return open_store(store)
 
 
 def _load_query_embedding(path: str):
@@ -124,21 +161,20 @@ def search(args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
 
-    from vlctl.embeddings.store import open_store
     from vlctl.encoders.factory import create
     from vlctl.images import read_image
 
     _check_query_flags(args)
     if args.alpha is not None and not args.rerank:
         raise VlctlError("--alpha goes with --rerank tevi:DIR (the fused rerank)")
-    store = open_store(args.store)
+    store = open_searchable(args.store, args.backend)
     if args.embedding is not None:  # a raw query vector: no encoder needed (a clip-retrieval folder's is maybe unknown)
         result = store.search(_load_query_embedding(args.embedding), k=args.k)
         query: dict = {"embedding": args.embedding}
     else:
         spec = args.encoder or store.encoder_spec
         if not spec:
-            raise VlctlError(f"{args.store}: the store records no encoder spec; pass --encoder SPEC")
+            raise VlctlError(f"{store.path}: the store records no encoder spec; pass --encoder SPEC")
         encoder = create(spec, device=args.device)
         store.adopt_encoder(encoder.id, spec)  # a clip-retrieval folder that named none: the user's, recorded beside it
         store.check_encoder(encoder.id)  # the same spec may now point at other weights
@@ -198,7 +234,15 @@ def _spec_help() -> str:
     return "encoder spec: " + " | ".join(SPEC_FORMS)
 
 
-def _source_args(p: argparse.ArgumentParser, default_kind: str) -> None:
+def _backend_arg(p: argparse.ArgumentParser, help: str) -> None:
+    from vlctl.cli.args import text_arg
+
+    p.add_argument("--backend", default=None, type=text_arg("backend"), help=help + ": milvus:PATH.db (Milvus Lite, "
+                   "one machine), milvus:http(s)://HOST:PORT or milvus:HOST:PORT (a Milvus server or cluster), "
+                   "then #COLLECTION (default vlctl); see docs/deployment.md")
+
+
+def _source_args(p: argparse.ArgumentParser, default_kind: str, backend: bool = False) -> None:
     from vlctl.cli.args import device_arg, in_path, out_path, source_arg, strict_arg, text_arg
     from vlctl.embeddings.extract_config import ExtractConfig
     from vlctl.embeddings.search import IndexConfig
@@ -207,8 +251,9 @@ def _source_args(p: argparse.ArgumentParser, default_kind: str) -> None:
     p.add_argument("source", type=source_arg,
                    help="a folder of images (recursive), a CSV/TSV/JSONL of image path + caption, "
                    "WebDataset .tar shards (shards-{000..009}.tar), or a generated set (vlctl data ...)")
-    p.add_argument("--encoder", required=True, type=text_arg("spec"), help=spec_help)
-    p.add_argument("--out", required=True, type=out_path("dir"),
+    # Not required with --backend (`index` checks): then SOURCE is a store.
+    p.add_argument("--encoder", required=not backend, type=text_arg("spec"), help=spec_help)
+    p.add_argument("--out", required=not backend, type=out_path("dir"),
                    help="store directory (created, or added to: new images only)")
     add_output_args(p)
     p.add_argument(
@@ -237,6 +282,12 @@ def _source_args(p: argparse.ArgumentParser, default_kind: str) -> None:
     add_config_args(p, ExtractConfig)
     add_config_args(p, IndexConfig, prefix=_INDEX_PREFIX, defaults={"kind": default_kind}, exclude=("dtype",))
     _dtype_arg(p)
+    if backend:
+        from vlctl.embeddings.milvus import MilvusConfig
+
+        _backend_arg(p, "instead of embedding images: SOURCE is a store, whose rows fill this collection (only "
+                     "the rows it lacks; the --milvus-* flags set a new collection's index)")
+        add_config_args(p, MilvusConfig, prefix=_MILVUS_PREFIX)
 
 
 def _dtype_arg(p: argparse.ArgumentParser) -> None:
@@ -256,7 +307,7 @@ def embed_args(p: argparse.ArgumentParser) -> None:
 
 
 def index_args(p: argparse.ArgumentParser) -> None:
-    _source_args(p, INDEX_KIND)
+    _source_args(p, INDEX_KIND, backend=True)
 
 
 def search_args(p: argparse.ArgumentParser) -> None:
@@ -264,7 +315,9 @@ def search_args(p: argparse.ArgumentParser) -> None:
     from vlctl.cli.methods import alpha_arg
 
     spec_help = _spec_help()
-    p.add_argument("store", type=in_path("store directory", "dir"), help="store directory (made by `vlctl embed` or `vlctl index`)")
+    p.add_argument("store", nargs="?", default=None, type=in_path("store directory", "dir"),
+                   help="store directory (made by `vlctl embed` or `vlctl index`); or --backend")
+    _backend_arg(p, "search this collection instead of a store directory (filled by `vlctl index STORE --backend`)")
     q = p.add_mutually_exclusive_group(required=True)
     q.add_argument("--text", type=text_arg(), help="query text")
     q.add_argument("--image", type=in_path("query image", "file"), help="query image file")

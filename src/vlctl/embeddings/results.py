@@ -7,6 +7,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from vlctl.fsops import VlctlError
+
 Store = Any  # vlctl.embeddings.store.Store (not imported: it imports this module)
 
 
@@ -28,6 +30,17 @@ def exact_rerank(queries: np.ndarray, candidate_ids: np.ndarray, gallery: Store)
     vecs = gallery.vectors(np.maximum(candidate_ids, 0).ravel()).reshape(*candidate_ids.shape, -1)
     scores = np.einsum("qd,qcd->qc", queries, vecs)
     return np.where(candidate_ids >= 0, scores, -np.inf).astype(np.float32)
+
+
+def rerank_candidates(queries: np.ndarray, candidate_ids: np.ndarray, reranker: Reranker,
+                      gallery: Store) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates (q, c) re-ordered by the reranker's scores, best first: (ids, scores); -1 last."""
+    scores = np.asarray(reranker(queries, candidate_ids, gallery), dtype=np.float32)
+    if scores.shape != candidate_ids.shape:
+        raise VlctlError(f"search: reranker returned scores of shape {scores.shape}, expected {candidate_ids.shape}")
+    scores = np.where(candidate_ids >= 0, scores, -np.inf)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    return np.take_along_axis(candidate_ids, order, 1), np.take_along_axis(scores, order, 1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """`vlctl serve`: a local web page over embeddings stores (search, steer, cluster, explain, latents, reports).
 
-    from vlctl.serve.app import ServeConfig, create_app
+    from vlctl.serve.app import create_app
+    from vlctl.serve.config import ServeConfig
     from vlctl.serve.state import state_for_store
     app = create_app(state_for_store("store/", controlembed="ce/"), ServeConfig())
 

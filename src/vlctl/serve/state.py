@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from vlctl.fsops import VlctlError
+from vlctl.serve.config import TEXT_QUERY_CACHE
 
 MAX_LABEL_CHARS = 200  # of a row's label shown under its thumbnail
 
@@ -38,7 +39,6 @@ def _short(text: str) -> str:
     return text if len(text) <= MAX_LABEL_CHARS else text[: MAX_LABEL_CHARS - 1] + "\u2026"
 
 
-TEXT_QUERY_CACHE = 4096  # text query embeddings kept per collection
 
 
 class _LRU:
@@ -230,7 +230,9 @@ class Collection:
             raise VlctlError(f"collection {self.name!r}: no TEVI model is loaded")
         with self.lock:
             if self._tevi_reranker is None:
-                self._tevi_reranker = self.tevi.store_reranker(self.tevi.encode_gallery(self.store))
+                # A database's rows stay there: the candidates' codes are computed per query instead.
+                remote = getattr(self.store, "remote", False)
+                self._tevi_reranker = self.tevi.store_reranker(None if remote else self.tevi.encode_gallery(self.store))
         return self._tevi_reranker
 
     def affine(self, attribute: str):
@@ -413,19 +415,28 @@ def find_reports(root: str | Path) -> dict[str, Report]:
     return out
 
 
-def state_for_store(store: str | Path, *, controlembed: str | Path | None = None, tevi: str | Path | None = None,
-                    encoder: str | None = None, data: str | Path | None = None, tuned: str | Path | None = None,
-                    reports: str | Path | None = None, max_pixels: int = 89_478_485,
-                    sae: str | Path | None = None) -> ServeState:
+def state_for_store(store: str | Path | None, *, controlembed: str | Path | None = None,
+                    tevi: str | Path | None = None, encoder: str | None = None, data: str | Path | None = None,
+                    tuned: str | Path | None = None, reports: str | Path | None = None,
+                    max_pixels: int = 89_478_485, sae: str | Path | None = None,
+                    backend: str | None = None) -> ServeState:
     """The state of `vlctl serve STORE`: one collection (named after the store's directory), its
     encoder (`encoder` or the spec the store records), the given models, an explain set over its
-    images when the encoder has a ViT tower (`tuned`: a second TinyCLIP to compare), `reports`."""
-    from vlctl.embeddings.store import open_store
+    images when the encoder has a ViT tower (`tuned`: a second TinyCLIP to compare), `reports`.
+    `backend` (instead of `store`): a Milvus collection filled from a store (`vlctl.embeddings.milvus`)."""
     from vlctl.encoders.factory import create
 
     if sae is not None and tevi is not None:  # a TEVI steer names the latents of its own SAE: one SAE per page
         raise VlctlError("serve: --sae goes without --tevi (the TEVI model's SAE is the one shown)")
-    st = open_store(store)
+    if backend is not None:
+        from vlctl.embeddings.milvus import open_milvus
+
+        st = open_milvus(backend)
+        store = st.backend.collection
+    else:
+        from vlctl.embeddings.store import open_store
+
+        st = open_store(store)
     spec = encoder or st.encoder_spec
     enc = create(spec) if spec else None
     if enc is not None:
