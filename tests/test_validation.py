@@ -41,6 +41,7 @@ CONFIGS = [
     "vlctl.recipes.tevi.coco:TeviCocoRecipe", "vlctl.recipes.controlembed.real:ControlEmbedRealRecipe",
     "vlctl.recipes.threevl.coco:ThreeVLCocoRecipe", "vlctl.recipes.real_data:ThreeVLCocoData",
     "vlctl.recipes.real_common:EncoderRun", "vlctl.audit:AuditConfig", "vlctl.serve.config:ServeConfig",
+    "vlctl.embeddings.milvus:MilvusConfig",
 ]
 
 

@@ -341,6 +341,9 @@ class MilvusStore:
 
         return f"milvus:{server_manager_instance.start_and_get_uri(self.backend.uri)}#{self.backend.collection}"
 
+    def adopt_encoder(self, encoder_id: str, encoder_spec: str | None) -> None:
+        """Nothing to adopt: a collection records its store's encoder when filled (`check_encoder`)."""
+
     def check_encoder(self, encoder_id: str) -> None:
         if encoder_id != self.encoder_id:
             raise VlctlError(f"{self.path}: collection was filled with embeddings of encoder {self.encoder_id!r}, "
