@@ -71,7 +71,7 @@ from vlctl.embeddings.parts import (
     read_index,
     set_search_params,
 )
-from vlctl.embeddings.results import Reranker, SearchResult
+from vlctl.embeddings.results import Reranker, SearchResult, rerank_candidates
 from vlctl.embeddings.search import IndexConfig, exact_search, normalise, refine_exact
 from vlctl.embeddings.table import (
     ADD_CHUNK,
@@ -316,12 +316,7 @@ class Store:
         if refine > 1:  # ivfpq: the k best of the k * refine candidates by their exact scores
             scores, ids = refine_exact(q, ids, self.images_table._arrays, k)
         elif reranker is not None:
-            scores = np.asarray(reranker(q, ids, self), dtype=np.float32)
-            if scores.shape != ids.shape:
-                raise VlctlError(f"search: reranker returned scores of shape {scores.shape}, expected {ids.shape}")
-            scores = np.where(ids >= 0, scores, -np.inf)
-            order = np.argsort(-scores, axis=1, kind="stable")
-            ids, scores = np.take_along_axis(ids, order, 1), np.take_along_axis(scores, order, 1)
+            ids, scores = rerank_candidates(q, ids, reranker, self)
         ids, scores = ids[:, :k], scores[:, :k]
         if ids.shape[1] < k:  # fewer rows than k
             pad = k - ids.shape[1]
