@@ -37,22 +37,14 @@ trees = runner.stage("trees", keys["trees"], lambda w: L._trees(cfg, ft_data, w)
 test = load_scenes(data / "test")
 items = L.test_items(data, cfg.data_seed)
 out = {"config": {k: str(v) for k, v in dataclasses.asdict(cfg).items()}, "models": {}}
-ft_fields = ("ft_epochs", "ft_batch_size", "ft_lr", "ft_warmup_steps", "ft_patch_dropout", "rank", "lora_alpha",
-             "minilm_layers", "towers")
-tree_fields = ("alpha", "level_reduction", "max_levels", "max_negatives")
 for seed in cfg.seeds:
     bkey = L.base_stage_key(cfg, seed, keys)
     base = runner.stage(f"base_s{seed}", bkey, lambda w, r, seed=seed: L._base(cfg, seed, data, w, r), resumable=True)
     dirs = {"base": base}
     for mode in L.FT_MODES:
-        # the recipe's keys (lit.run), so its stages and this script's are one another's
-        data_key = {"data_finetune": keys["data_finetune"]} if mode == "contrastive" else {"trees": keys["trees"]}
-        key = {"base": bkey, **data_key, "mode": mode, **{f: getattr(cfg, f) for f in ft_fields}}
-        if mode == "tree":
-            key.update({f: getattr(cfg, f) for f in tree_fields})
-        dirs[mode] = runner.stage(f"finetune_{mode}_s{seed}", key,
-                                  lambda w, mode=mode, seed=seed, base=base: L._finetune(cfg, mode, seed, base, ft_data, trees,
-                                                                                         w))
+        dirs[mode] = runner.stage(f"finetune_{mode}_s{seed}", L.finetune_stage_key(cfg, mode, bkey, keys),
+                                  lambda w, mode=mode, seed=seed, base=base: L._finetune(cfg, mode, seed, base,
+                                                                                         ft_data, trees, w))
     for m, d in dirs.items():
         model = tiny_pretrained.load_pretrained(d / "model") if m == "base" else L.load_tuned(d)
         enc = TinyCLIPEncoder(model)

@@ -46,6 +46,7 @@ from vlctl.data.scenes import (
     ScenesConfig,
     alt_text_captions,
     caption_holds,
+    checklist_items,
     generate_scenes,
     load_checklist,
     load_scenes,
@@ -290,21 +291,10 @@ def extra_items(labels: list[dict], category: str, seed: int = 0) -> list[dict]:
     return items
 
 
-# Fine-tuning scenes whose caption is tested against its relation swap with every model: whether
-# a loss fits the relations of the scenes it trained on (learnable in the budget) or not even those.
+# Fine-tuning scenes whose caption is tested against its relation reversed with every model (the
+# relation_spatial checklist items of those scenes): whether a loss fits the relations of the scenes
+# it trained on (learnable in the budget) or not even those.
 TRAIN_RELATION_ITEMS = 300
-
-
-def relation_swap_items(labels: list[dict], n: int) -> list[dict]:
-    """Items "caption vs. the caption with its relation reversed" ("left of" <-> "right of", "above"
-    <-> "below") of the first `n` scenes whose reversed caption is false of the scene."""
-    items = []
-    for idx, lab in enumerate(labels[:n]):
-        st = lab["structure"]
-        neg = {**st, "rel": OPPOSITE_RELATION[st["rel"]]}
-        if not caption_holds(neg, lab["objects"]):
-            items.append({"index": idx, "pos": render_caption(st), "neg": render_caption(neg), "pos_tag": "ADP"})
-    return items
 
 
 def test_items(data_dir: Path, seed: int) -> dict[str, list[dict]]:
@@ -439,7 +429,7 @@ def _evaluate(cfg: ThreeVLLitRecipe, data_dir: Path, ft_data_dir: Path, base_dir
     arrays: dict[str, np.ndarray] = {}
     x_all = None
     ft = load_scenes(ft_data_dir / "finetune")
-    rel_items = relation_swap_items(ft["labels"], TRAIN_RELATION_ITEMS)
+    rel_items = checklist_items(ft["labels"][:TRAIN_RELATION_ITEMS], "relation_spatial")
     t0 = time.perf_counter()
     for seed in cfg.seeds:
         for name in BASE_MODELS:
@@ -509,6 +499,16 @@ def base_stage_key(cfg: ThreeVLLitRecipe, seed: int, keys: dict | None = None) -
     return {"data": (keys or stage_keys(cfg))["data"], "seed": seed, **config_fields(cfg, fields)}
 
 
+def finetune_stage_key(cfg: ThreeVLLitRecipe, mode: str, base_key: dict, keys: dict) -> dict:
+    """The key of stage finetune_<mode>_s<seed> on the base of key `base_key` (`keys`: `stage_keys(cfg)`)."""
+    # the contrastive loss reads no trees: a new generator retrains only NegCLIP and the tree loss
+    data = {"data_finetune": keys["data_finetune"]} if mode == "contrastive" else {"trees": keys["trees"]}
+    fields = ("ft_epochs", "ft_batch_size", "ft_lr", "ft_warmup_steps", "ft_patch_dropout", "rank", "lora_alpha",
+              "minilm_layers", "towers", *(("alpha", "level_reduction", "max_levels", "max_negatives")
+                                           if mode == "tree" else ()))
+    return {"base": base_key, **data, "mode": mode, **{f: getattr(cfg, f) for f in fields}}
+
+
 def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitRecipe | None = None,
         stages: str | Path | None = None, from_scratch: bool = False) -> Path:
     cfg = cfg or load_preset(quick)
@@ -518,21 +518,14 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitReci
     data_dir = runner.stage("data", keys["data"], lambda w: _data(cfg, w))
     ft_data_dir = runner.stage("data-finetune", keys["data_finetune"], lambda w: _data_finetune(cfg, w))
     trees_dir = runner.stage("trees", keys["trees"], lambda w: _trees(cfg, ft_data_dir, w))
-    ft_fields = ("ft_epochs", "ft_batch_size", "ft_lr", "ft_warmup_steps", "ft_patch_dropout", "rank", "lora_alpha",
-                 "minilm_layers", "towers")
     base_dirs, ft_dirs = {}, {}
     for seed in cfg.seeds:
         base_key = base_stage_key(cfg, seed, keys)
         base_dirs[seed] = runner.stage(f"base_s{seed}", base_key,
                                        lambda w, r, seed=seed: _base(cfg, seed, data_dir, w, r), resumable=True)
         for mode in FT_MODES:
-            # the contrastive loss reads no trees: a new generator retrains only NegCLIP and the tree loss
-            data = {"data_finetune": keys["data_finetune"]} if mode == "contrastive" else {"trees": keys["trees"]}
-            key = {"base": base_key, **data, "mode": mode, **{f: getattr(cfg, f) for f in ft_fields}}
-            if mode == "tree":
-                key.update({f: getattr(cfg, f) for f in ("alpha", "level_reduction", "max_levels", "max_negatives")})
             ft_dirs[(mode, seed)] = runner.stage(
-                f"finetune_{mode}_s{seed}", key,
+                f"finetune_{mode}_s{seed}", finetune_stage_key(cfg, mode, base_key, keys),
                 lambda w, mode=mode, seed=seed: _finetune(cfg, mode, seed, base_dirs[seed], ft_data_dir, trees_dir, w))
     eval_key = {"models": {f"{m}_s{s}": d.name for (m, s), d in ft_dirs.items()},
                 "bases": {s: d.name for s, d in base_dirs.items()}, "train_relation_items": TRAIN_RELATION_ITEMS,
@@ -562,7 +555,7 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitReci
                          "negclip_coverage": float(np.mean([n is not None for n in tinfo["negatives"]]))}}
     ft_labels = load_scenes(ft_data_dir / "finetune")["labels"]
     results["hard_negatives"] = in_batch_hard_negatives([lab["caption"] for lab in ft_labels], cfg.ft_batch_size)
-    results["n_train_relation"] = len(relation_swap_items(ft_labels, TRAIN_RELATION_ITEMS))
+    results["n_train_relation"] = len(checklist_items(ft_labels[:TRAIN_RELATION_ITEMS], "relation_spatial"))
     results["targets"] = _targets(results)
     cause, text = answer(cfg, results)
     results["answer"] = {"cause": cause, "text": text}

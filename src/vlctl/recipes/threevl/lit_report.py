@@ -221,7 +221,7 @@ the five VL-CheckList categories.
 re-encoded from the (1 - removal_fraction) most relevant patches of the Anchor map; compare with
 the first n_relevancy rows of scores_tree_s<seed>__<category>.
 `train_relation_<model>_s<seed>` (n, 2): [cosine(image, caption), cosine(image, caption with its
-relation reversed)] on the first fine-tuning scenes (vlctl.recipes.threevl.lit.relation_swap_items):
+relation reversed)] on the first fine-tuning scenes (vlctl.data.scenes.checklist_items, relation_spatial):
 whether a model fits the relations of the scenes it was fine-tuned on.
 `n_objects__<category>` (n,): objects in each item's test scene (2 or 3; the report's relation on
 two-object scenes is relation_spatial over the items with 2).
