@@ -23,7 +23,8 @@ Then, the diagnosis:
     PYTHONPATH=src python experiments/tevi_paper_config.py --stages /tmp/t41b/stages \\
         --arrays /tmp/t41b-paper --seeds 0 1 2
 
-(`--stages`: a `vlctl reproduce tevi-mad --quick --out /tmp/t41b` run's stage cache.) Writes
+(`--stages`: a `vlctl reproduce tevi-mad --quick --out /tmp/t41b` run's stage cache; with `--preset full`
+a full-preset run's, the paper's CLIP, e.g. `--out experiments/tevi_paper_config_full`.) Writes
 experiments/tevi_paper_config/results.json (every figure below), drift.npz and losses.npz (the
 per-epoch and per-mask arrays they print); each config's test arrays (edited embeddings, top-10
 orders; the recipe's arrays/) go under --arrays/<config>/, too large for the repository: rerun to
@@ -218,11 +219,14 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=["concepts", "random26", "cg"])
     ap.add_argument("--finetune", nargs="+", default=["frozen", "finetuned"])
     ap.add_argument("--parts", nargs="+", default=["configs", "losses", "drift"])
+    ap.add_argument("--preset", choices=("quick", "full"), default="quick",
+                    help="the preset whose stages --stages holds: quick (d = 32 CLIP) or full (the paper's CLIP)")
     args = ap.parse_args()
+    quick = args.preset == "quick"
     torch.set_num_threads(1)
     t0 = time.perf_counter()
 
-    base = recipe.load_preset(True)
+    base = recipe.load_preset(quick)
     cfg = dataclasses.replace(base, **PAPER_MASK)
     train = dict(np.load(find_stage(args.stages, "embed-train") / "embeddings.npz"))
     test = dict(np.load(find_stage(args.stages, "embed") / "embeddings.npz"))
@@ -231,7 +235,7 @@ def main() -> None:
     concepts = recipe._concepts(test)
     labels = load_mad(find_stage(args.stages, "data-test") / "test")["labels"]
     img_vals, cap_vals = mad_clip.image_values(labels), mad_clip.caption_values(labels)
-    clip_cfg = mad_clip.load_preset(True)
+    clip_cfg = mad_clip.load_preset(quick)
     clip = load_encoder(find_stage(args.stages, "train") / "model")
     split = mad_clip.split_key(clip_cfg, "train")
     from vlctl.data.mad import captions
@@ -248,7 +252,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     res_path = args.out / "results.json"
     results = json.loads(res_path.read_text()) if res_path.is_file() else {}
-    results.update({"stages": str(args.stages), "paper_mask": PAPER_MASK, "sae": {
+    results.update({"stages": str(args.stages), "preset": args.preset, "paper_mask": PAPER_MASK, "sae": {
         "k": cfg.sae_k, "aux_k": cfg.sae_aux_k, "epochs": cfg.sae_epochs, "lr": cfg.sae_lr}})
     results.setdefault("runs", {})
     saes = {}
@@ -343,7 +347,7 @@ def main() -> None:
 
     if "drift" in args.parts:
         sae = fit_sae("concepts", args.seeds[0])
-        tcfg = TeviConfig(d=32, n_latents=26, hidden=256, mask_temperature=1.0, mask_floor=0.0, seed=args.seeds[0])
+        tcfg = TeviConfig(d=x_tr.shape[1], n_latents=26, hidden=256, mask_temperature=1.0, mask_floor=0.0, seed=args.seeds[0])
         start = oracle_start(tcfg, t_tr, oracle_tr)
         logs, arrays = {}, {}
         for cond in ("positive", "negative", "both"):

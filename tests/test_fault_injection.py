@@ -33,7 +33,8 @@ TINY = {"name": "tiny-test", "image_size": 28, "stem_channels": [4], "patch_size
         "text_heads": 2, "context_length": 8, "embed_dim": 8}
 # As measured: (replaces + fsyncs) x 2. A store add (issue 44): shard, metadata, the fsync of each
 # directory they went into and of the store's, the manifest; `index` (flat) writes no index file.
-KILL_POINTS = {"data mad": 16, "embed": 18, "index": 18, "train clip": 48}
+# "embed batches": three such commits into an hnsw store, each with its index part, then their merge.
+KILL_POINTS = {"data mad": 16, "embed": 18, "index": 18, "train clip": 48, "embed batches": 88}
 
 
 # --- the driver: one warm process that forks a child per command -----------------------------
@@ -315,6 +316,20 @@ def test_store_add_survives_a_kill_at_every_point(inputs, tmp_path, cmd):
     n = sweep(drv, tmp_path, prepare, lambda d: store_args(cmd, inputs["b"], inputs["model"], d / "s"),
               lambda d: store_state(d / "s"))
     assert n == KILL_POINTS[cmd]
+
+
+def test_embed_in_batches_into_an_indexed_store_survives_a_kill_at_every_point(inputs, tmp_path):
+    """`embed --commit-every 1` into an hnsw store: three commits, then the merge of their index
+    parts into one. A kill between commits leaves the committed rows (a complete store); the rerun
+    adds the rest."""
+    drv = inputs["driver"]
+    template = tmp_path / "template"
+    status, output = drv.run([*store_args("embed", inputs["a"], inputs["model"], template / "s"), "--index-kind", "hnsw"])
+    assert status == 0, output
+    argv = lambda d: [*store_args("embed", inputs["b"], inputs["model"], d / "s"), "--commit-every", 1]
+    n = sweep(drv, tmp_path, lambda d: shutil.copytree(template, d), argv, lambda d: store_state(d / "s"),
+              between=lambda state: 3 < state[0] < 6)
+    assert n == KILL_POINTS["embed batches"]
 
 
 def _train_sweep(inputs, tmp_path, every: int) -> None:

@@ -157,6 +157,70 @@ def test_ivfpq_adds_append_a_part_and_leave_every_earlier_file(tmp_path):
     assert open_store(tmp_path / "s").verify()["files"] == 3 * 2 + 4
 
 
+@pytest.mark.parametrize("kind", ["ivfpq", "hnsw"])
+def test_a_run_s_index_parts_merge_into_one(tmp_path, kind):
+    """A run that commits in batches (embed --commit-every) wrote a part per batch; at its end its
+    own parts merge into one file, the earlier parts and every shard untouched, and the store
+    searches as before, row for row. A later add numbers its part after the merged shards."""
+    import faiss
+
+    x = _clustered(5000, 32)
+    cfg = IndexConfig(kind=kind, nlist=16, pq_m=8, nprobe=16, refine=5, ef_search=200)
+    s = create_store(tmp_path / "s", ENC, 32, cfg).add(x[:2500])
+    for a, b in ((2500, 3000), (3000, 3500), (3500, 4000)):
+        s = s.add(x[a:b])
+    q = _clustered(20, 32, 5)
+    before_files, before = _files(tmp_path / "s"), s.search(q, k=30)
+    merged = s.merge_index_parts(1)
+    after = _files(tmp_path / "s")
+    assert sorted(set(before_files) - set(after)) == [f"index/part_0000{i}.faiss" for i in (1, 2, 3)]
+    assert sorted(set(after) - set(before_files)) == ["index/part_00001_00003.faiss"]
+    assert all(after[k] == v for k, v in before_files.items() if k in after and k != "manifest.json")
+    assert [(p["file"], p["rows"]) for p in merged.manifest["index"]["parts"]] == [
+        ("index/part_00000.faiss", 2500), ("index/part_00001_00003.faiss", 1500)]
+    got = open_store(tmp_path / "s").search(q, k=30)
+    if kind == "ivfpq":  # the same inverted lists, moved: the same answers
+        assert np.array_equal(got.ids, before.ids) and np.allclose(got.scores, before.scores)
+        one = faiss.read_index(str(tmp_path / "s" / "index" / "trained.faiss"))
+        one.add(x[:4000])
+        one.nprobe = 16
+        assert np.array_equal(merged.index.search(q, 30)[1], one.search(q, 30)[1])
+    else:  # a graph rebuilt over the same rows: the exact top 30 at this ef_search
+        exact = np.argsort(-(q @ x[:4000].T), axis=1, kind="stable")[:, :30]
+        assert np.array_equal(got.ids, exact)
+    assert merged.merge_index_parts(1).manifest["generation"] == merged.manifest["generation"]  # nothing to merge
+    grown = merged.add(x[4000:])
+    assert grown.manifest["index"]["parts"][-1]["file"] == "index/part_00004.faiss" and grown.index.ntotal == 5000
+    assert open_store(tmp_path / "s").verify()["files"] == 5 * 2 + 3 + (kind == "ivfpq")
+
+
+def test_embed_into_an_indexed_store_keeps_a_part_per_run(tmp_path, capsys):
+    """Issue 44 x 43: `embed --commit-every 2` into an hnsw store committed a part per batch; the
+    run now leaves one, and a second run its own."""
+    from PIL import Image
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(5):
+        Image.new("RGB", (20, 20), (i * 50, 255 - i * 50, 0)).save(photos / f"{i}.png")
+    out = tmp_path / "s"
+    argv = ["embed", photos, "--encoder", "open_clip:vlctl-tiny-vit?seed=0", "--out", out, "--no-progress",
+            "--index-kind", "hnsw", "--commit-every", 2]
+    assert _cli(argv, capsys)[0] == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["shards"]) == 3 and [(p["file"], p["rows"]) for p in manifest["index"]["parts"]] == [
+        ("index/part_00000_00002.faiss", 5)]
+    for i in range(5, 8):
+        Image.new("RGB", (20, 20), (0, i * 30, 200)).save(photos / f"{i}.png")
+    assert _cli(argv, capsys)[0] == 0
+    s = open_store(out)
+    assert [p["file"] for p in s.manifest["index"]["parts"]] == ["index/part_00000_00002.faiss",
+                                                                  "index/part_00003_00004.faiss"]
+    assert sorted(p.name for p in (out / "index").iterdir()) == ["part_00000_00002.faiss", "part_00003_00004.faiss"]
+    assert s.index.ntotal == 8 and s.verify()["files"] == 5 * 2 + 2
+    assert np.array_equal(s.search(s.embeddings(), k=1).ids[:, 0], np.arange(8))
+
+
 def test_float16_halves_the_shards_and_searches_within_rounding(tmp_path):
     x = _clustered(3000, 64)
     q = _clustered(50, 64, 9)

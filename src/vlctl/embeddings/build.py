@@ -6,7 +6,8 @@ are skipped, so re-running `vlctl embed` on a folder that grew embeds only the n
 are committed `ExtractConfig.commit_every` new images at a time (`--commit-every`), so an
 interrupted run keeps its finished batches and the same command embeds only the rest; except with
 `strict` (which adds nothing when an image fails) and into an empty ivfpq store, whose quantisers
-train on the first add's rows and so get the whole run at once.
+train on the first add's rows and so get the whole run at once. A finished run merges the index
+parts of its commits into one (`Store.merge_index_parts`): a part per run, not per batch.
 
 A run holds the store's lock (`vlctl.io.locked`) from opening it to its last commit: a second run into
 the same store waits for the first (saying so), then reads the store as the first left it and adds
@@ -174,6 +175,7 @@ def _index(encoder, paths, ids, out, metadata, index_config, extract, encoder_sp
             todo = [i for i, p in enumerate(ids) if p not in present]
             whole = strict or (gallery.config.kind == "ivfpq" and not len(gallery))  # one commit (docstring)
             state = {"todo": todo, "batch": max(len(todo), 1) if whole else (extract or ExtractConfig()).commit_every}
+            first_part = len(gallery.manifest["index"].get("parts", []))  # this run's parts merge at its end
         except VlctlError as e:
             state = {"error": str(e)}
     state = all_gather_object(state)[0]
@@ -197,6 +199,7 @@ def _index(encoder, paths, ids, out, metadata, index_config, extract, encoder_sp
         added, n_captions = added + len(part["rows"]), n_captions + n
     if rank != 0:
         return None, {"rank": rank, "embedded": added, "failed": len(failures)}
+    gallery = gallery.merge_index_parts(first_part)
     report = {
         "added": added,
         "already_present": len(paths) - len(todo),
@@ -289,7 +292,7 @@ def convert_store(src: str | os.PathLike, out: str | os.PathLike, config: IndexC
                     texts = folder.texts_table._arrays[s]
                     text_meta = [{"text": m.get("caption") or "", "image": int(i)} for m, i in zip(meta, ids)]
                 store = store.add(arr, meta, texts=texts, text_metadata=text_meta)  # unit norm here, not fp16-rounded
-            return store
+            return store.merge_index_parts(0)
         manifest = read_manifest(src, old=True)
         if manifest["format"] not in OLD_FORMATS:
             raise VlctlError(f"{src}: already a store of this vlctl ({manifest['format']}); nothing to convert")
@@ -301,4 +304,4 @@ def convert_store(src: str | os.PathLike, out: str | os.PathLike, config: IndexC
                 store = store.add(emb, meta, normalized=True)
             else:
                 store = store.add(None, texts=emb, text_metadata=meta, normalized=True)
-        return store
+        return store.merge_index_parts(0)

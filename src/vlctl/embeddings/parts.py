@@ -9,6 +9,12 @@ hashes only its own rows' part (time and memory proportional to the rows added).
 - hnsw: one graph per add (`IndexIDMap` over `IndexHNSWFlat`, ids = row numbers); a search asks
   every graph and keeps the best (`faiss.IndexShards`).
 - "none" and "flat": no index file; search is exact over the memory-mapped shards.
+
+A run that commits in batches (`vlctl embed --commit-every`, `vlctl store convert`) writes a part
+per commit and, at its end, merges its own parts into one (`merge_parts`, named after its first
+and last shard: `index/part_<first>_<last>.faiss`), so a store holds a part per run, not per batch.
+The merge reads and writes only the run's rows: ivfpq moves the parts' inverted lists into one
+index (`IndexIVF.merge_from`, ids kept); hnsw builds one graph over the run's stored rows.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ INDEX_DIR = "index"
 TRAINED = f"{INDEX_DIR}/trained.faiss"
 
 
-def part_name(shard: int) -> str:
-    return f"{INDEX_DIR}/part_{shard:05d}.faiss"
+def part_name(shard: int, last: int | None = None) -> str:
+    """The file of the part of one add's rows (shard `shard`), or of a merge of shards shard..last."""
+    return f"{INDEX_DIR}/part_{shard:05d}{'' if last is None else f'_{last:05d}'}.faiss"
 
 
 def has_index(cfg: IndexConfig) -> bool:
@@ -117,6 +124,40 @@ def add_part(path: Path, record: dict, cfg: IndexConfig, part, trained, shard_no
         record["tuned"], record["tune_truth"] = tune_store(cfg, index, arrays, record.get("tune_truth"))
         del keep
     return record
+
+
+def merge_parts(path: Path, record: dict, cfg: IndexConfig, first: int, trained, read, arrays: list) -> dict:
+    """The manifest's index entry with its parts from `first` on (one run's commits) merged into one
+    part file (module docstring); `record` unchanged when they are fewer than two. `read(p)` reads a
+    part record's index; `arrays`: the store's image shards (hnsw rebuilds from the stored rows).
+    The earlier parts are neither read nor rewritten; the caller commits the entry (the merged
+    file stays unnamed, and is removed as such, until the manifest names it)."""
+    parts = record.get("parts", [])
+    if len(parts) - first < 2:
+        return record
+    faiss = faiss_module()
+    shards = [int(Path(p["file"]).stem.split("_")[1]) for p in parts[first:]]
+    last = int(Path(parts[-1]["file"]).stem.split("_")[-1])
+    rows = sum(int(p["rows"]) for p in parts[first:])
+    if cfg.kind == "ivfpq":
+        merged = faiss.clone_index(trained)  # the quantisers, no row
+        for p in parts[first:]:
+            merged.merge_from(read(p), 0)  # 0: keep the parts' ids (row numbers)
+    else:
+        merged, _ = new_part(cfg, arrays[0].shape[1], None, None)
+        start = sum(int(p["rows"]) for p in parts[:first])
+        offsets = np.cumsum([0] + [len(a) for a in arrays])
+        for s, a in enumerate(arrays):  # the run's rows, one chunk of a shard at a time
+            lo = max(start - offsets[s], 0)
+            for c in range(lo, len(a), 65536):
+                x = np.asarray(a[c : c + 65536], np.float32)
+                merged.add_with_ids(x, np.arange(offsets[s] + c, offsets[s] + c + len(x), dtype=np.int64))
+    if merged.ntotal != rows:
+        raise VlctlError(f"{path / INDEX_DIR}: merging parts {shards[0]}..{last} found {merged.ntotal} rows, "
+                         f"the manifest says {rows}")
+    name = part_name(shards[0], last)
+    write_index(merged, path / name)
+    return {**record, "parts": [*parts[:first], {**index_file(path, name), "rows": rows}]}
 
 
 def index_file(path: Path, name: str) -> dict:

@@ -11,7 +11,8 @@ FAISS index. `vlctl embed` and `vlctl index` write it; every method, `search` an
       metadata/metadata_00000.parquet   the image rows' fields (path, captions, labels, ...)
       text_emb/text_emb_00000.npy ...   text rows (captions, prompts), the same way; optional
       text_metadata/metadata_00000.parquet   per text row {"text", "image": the image row it describes}
-      index/trained.faiss, index/part_00000.faiss ...   ivfpq / hnsw: one index part per add
+      index/trained.faiss, index/part_00000.faiss ...   ivfpq / hnsw: one index part per add, or
+                                        per run for one committing in batches (`parts.merge_parts`)
 
 The image table is clip-retrieval's layout (img_emb/, metadata/), so embedding-reader and
 autofaiss read a store as it is; and a clip-retrieval folder opens here in place, read-only
@@ -34,12 +35,9 @@ them. `vlctl index` / `vlctl embed` hold the lock from opening the store to the 
 run waits, then skips the images the first added. Readers take no lock; a reader whose index part
 an add removed re-opens the store once.
 
-Search is maximum inner product over the normalised embeddings (= cosine similarity). Index kinds
-(`IndexConfig.kind`): "none" and "flat" (no index file: exact search over the memory-mapped
-shards, block by block; "none" is the default of `vlctl embed`, "flat" of `vlctl index`), "ivfpq"
-(inverted lists + product quantisation, trained on the first add; its top k * refine candidates
-are re-scored exactly from the stored embeddings), "hnsw" (a graph per add). A `Reranker` re-scores
-the top candidates of any kind: TEVI rerank and ControlEmbed attribute queries plug in there.
+Search is maximum inner product over the normalised rows (cosine); the index kinds and their
+files: `vlctl.embeddings.search`, `vlctl.embeddings.parts`. A `Reranker` re-scores the top
+candidates of any kind: TEVI rerank and ControlEmbed attribute queries plug in there.
 
 Checks on open are cheap: sizes, shapes and counts against the manifest, and each file's fast hash
 (`vlctl.io.fast_hash_file`), so a shard edited in place is refused; `Store.verify()` (`vlctl verify
@@ -67,6 +65,7 @@ from vlctl.embeddings.parts import (
     add_part,
     combine,
     has_index,
+    merge_parts,
     new_part,
     read_index,
     set_search_params,
@@ -93,16 +92,14 @@ __all__ = ["Store", "create_store", "open_or_create_store", "open_store"]
 
 # The directories of an add's files, and the temporaries of vlctl's atomic writes in them.
 _DIRS = sorted({name.split("/")[0] for pair in LAYOUT.values() for name in pair} | {INDEX_DIR})
-_NAMES = r"(img_emb|text_emb|metadata|part)_\d{5}\.(npy|parquet|faiss)|trained\.faiss"
+_NAMES = r"(img_emb|text_emb|metadata)_\d{5}\.(npy|parquet)|part_\d{5}(_\d{5})?\.faiss|trained\.faiss"
 _OURS_RE = re.compile(rf"^({_NAMES})$|^\.({_NAMES})(\.[a-z0-9_]{{8}})?\.tmp$")
 _MANIFEST_TEMP_RE = re.compile(r"^\.manifest\.json(\.[a-z0-9_]{8})?\.tmp$")
 
 
 class Store:
-    """An opened store (see the module docstring). Use `create_store` / `open_store`.
-
-    `len(store)` and row ids count image rows; `store.texts_table` holds the text rows.
-    """
+    """An opened store (module docstring; `create_store` / `open_store` make one): `len(store)` and
+    row ids count image rows; `store.texts_table` holds the text rows."""
 
     hit = False  # set by vlctl.embeddings.cache.embed when it found the entry on disk
 
@@ -174,11 +171,7 @@ class Store:
         return self.images_table.all()
 
     def metadata(self, ids: np.ndarray | Sequence[int] | None = None) -> list[dict]:
-        """Metadata dicts of image rows `ids` (all rows if None).
-
-        Only the requested rows are parsed (the jsonl shards are memory-mapped and their line
-        offsets found once), so showing 10 hits of a 1M-row store does not parse 1M rows.
-        """
+        """Metadata dicts of image rows `ids` (all rows if None); only those rows are read."""
         return self.images_table.metadata(ids)
 
     @property
@@ -206,11 +199,8 @@ class Store:
         return self.texts_table.metadata()
 
     def image_of_text(self) -> np.ndarray:
-        """(n_texts,) int64: the image row each text row describes.
-
-        Text rows written with an "image" field use it; a store whose texts carry none and whose
-        text count equals its image count pairs them row by row (a captioned generated set).
-        """
+        """(n_texts,) int64: the image row each text row describes: its "image" field, or, where no
+        text row has one and the counts are equal, row by row (a captioned generated set)."""
         meta = self._text_metadata
         if meta and all("image" in m for m in meta):
             return np.array([m["image"] for m in meta], dtype=np.int64)
@@ -411,7 +401,6 @@ class Store:
         if n == 0 and m == 0:
             return self
 
-        generation = int(self.manifest["generation"]) + 1
         self._remove_unreferenced()  # a crashed add may have left files under the new names
         manifest = dict(self.manifest)
         index = self._index  # not read here: an add reads none of the earlier index parts
@@ -451,19 +440,34 @@ class Store:
             self._index, self._parts = None, []
             raise
 
-        # The renames into the directories made durable before the manifest names their files.
-        for d in [d for d in _DIRS if (self.path / d).is_dir()] + ["."]:
-            fsync_dir(self.path / d)
-        # the manifest, in one rename: from here on the new store is the store
-        manifest["format"] = FORMAT
-        manifest["generation"] = generation
-        manifest["updated"] = now()
-        atomic_write_json(self.path / MANIFEST, manifest)
-        new = Store(self.path, manifest)
+        new = self._commit(manifest)
         if index is not None:  # an add of text rows only: the image index is unchanged
             new._index, new._parts = index, self._parts
+        return new
+
+    def _commit(self, manifest: dict) -> Store:
+        """The store after `manifest`, whose new files are written, becomes this store's: the renames
+        into the directories made durable first, then the manifest in one rename."""
+        for d in [d for d in _DIRS if (self.path / d).is_dir()] + ["."]:
+            fsync_dir(self.path / d)
+        manifest = {**manifest, "format": FORMAT, "generation": int(self.manifest["generation"]) + 1, "updated": now()}
+        atomic_write_json(self.path / MANIFEST, manifest)
+        new = Store(self.path, manifest)
         new._remove_unreferenced()
         return new
+
+    def merge_index_parts(self, first: int) -> Store:
+        """The store with its index parts from the `first`-th on (one run's commits) merged into one
+        file (`vlctl.embeddings.parts.merge_parts`); else the store, rid of what a killed merge left."""
+        with locked(self.path):
+            store, record = Store(self.path), read_manifest(self.path)["index"]
+            if not has_index(store.config) or len(record.get("parts", [])) - first < 2:
+                store._remove_unreferenced()
+                return store
+            read = functools.partial(read_index, store.path, source=store.path / MANIFEST)
+            trained = read(record["trained"]) if record.get("trained") else None
+            merged = merge_parts(store.path, record, store.config, first, trained, read, store.images_table._arrays)
+            return store._commit({**store.manifest, "index": merged})
 
     def _loaded_parts(self) -> list:
         """The index parts of this store, read (before an add appends its own)."""
