@@ -52,3 +52,41 @@ def test_killed_embedding_stage_resumes_after_its_last_chunk(tmp_path):
         assert x.files == y.files and all(np.array_equal(x[k], y[k]) for k in x.files)
         assert x["image_emb"].shape[0] == 18
     assert not (b.parent / "checkpoint").exists()
+
+
+@pytest.mark.needs_wordnet
+def test_killed_trees_stage_resumes_after_its_last_chunk(tmp_path, monkeypatch):
+    """3vl-coco's caption-parsing stage (hours for COCO's 566k captions) saves its trees chunk by
+    chunk: killed in its third chunk, it goes on from there and writes the trees.json of an
+    uninterrupted run."""
+    from vlctl.captions.trees import TreeGenerator
+    from vlctl.recipes.threevl import coco
+
+    cfg = coco.load_preset(True)
+    captions = ["a dog on a red couch", "two cats sleep on a bed", "a man rides a horse", "a dog on a red couch",
+                "a blue car next to a tree", "a woman holds a small umbrella", "three birds on a wire",
+                "a child eats a green apple"]
+    monkeypatch.setattr(coco, "TREE_CHUNK", 3)  # 7 unique captions: 3 chunks
+    coco._trees(cfg, captions, tmp_path / "whole")
+    whole = json.loads((tmp_path / "whole" / "trees.json").read_text())
+
+    real, calls = TreeGenerator.random_negative, []
+
+    def killed_in_the_third_chunk(self, caption, seed=None):
+        calls.append(caption)
+        if len(calls) == 7:
+            raise KeyboardInterrupt  # the 7th negative: chunks 1 and 2 saved, not 3
+        return real(self, caption, seed)
+
+    monkeypatch.setattr(TreeGenerator, "random_negative", killed_in_the_third_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        coco._trees(cfg, captions, tmp_path / "killed")
+    assert json.loads((tmp_path / "killed" / "checkpoint" / "state.json").read_text()) == {
+        "chunks": 2, "of": 3, "n_unique": 7}
+    calls.clear()
+    coco._trees(cfg, captions, tmp_path / "killed", resume=True)
+    assert len(calls) == 1  # only the third chunk's caption was parsed again
+    again = json.loads((tmp_path / "killed" / "trees.json").read_text())
+    assert {k: v for k, v in again.items() if k != "seconds"} == {k: v for k, v in whole.items() if k != "seconds"}
+    assert not (tmp_path / "killed" / "checkpoint").exists()
+    assert len(again["trees"]) == 8 and any(again["negatives"]) and all(again["trees"])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import shutil
 import time
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from vlctl.recipes.real_common import (
     is_random,
     rank_device,
     report_header,
+    say_main,
 )
 from vlctl.recipes.real_data import ThreeVLCocoData, flag, need_dir, need_file
 from vlctl.recipes.runner import Runner
@@ -125,23 +127,48 @@ def _benchmarks(data: ThreeVLCocoData) -> dict[str, dict[str, list]]:
 # --- stages --------------------------------------------------------------------------------------
 
 
-def _trees(cfg: ThreeVLCocoRecipe, captions: list[str], work: Path) -> None:
+TREE_CHUNK = 20_000  # unique captions per saved chunk of the trees stage (minutes of parsing each)
+
+
+def _trees(cfg: ThreeVLCocoRecipe, captions: list[str], work: Path, resume: bool = False) -> None:
+    """trees.json: each caption's tree and NegCLIP negative. The unique captions are parsed
+    `TREE_CHUNK` at a time, each chunk saved under `checkpoint/` with a state.json naming the chunks
+    done, so a stage killed after hours of COCO's 566k captions goes on at its first unsaved chunk
+    (a caption's tree and negative depend on it and the seed alone, so the chunks change nothing)."""
     from vlctl.captions.trees import TreeGenerator
 
     gen = TreeGenerator(seed=cfg.seed)
     uniq = sorted(set(captions))
-    t0 = time.perf_counter()
-    probe = uniq[: min(64, len(uniq))]
-    gen.trees(probe)
-    estimate_line("stage trees", len(uniq), len(probe) / max(time.perf_counter() - t0, 1e-9), 0, unit="captions")
-    t0 = time.perf_counter()
-    # A caption the generator cannot parse gets no tree (only its whole-caption level in training).
-    trees = dict(zip(uniq, gen.trees(uniq, errors="skip")))
-    seconds = time.perf_counter() - t0
-    negs = {c: gen.random_negative(c, seed=cfg.seed) for c in uniq}
+    ck, n_chunks = work / "checkpoint", max(1, -(-len(uniq) // TREE_CHUNK))
+    state = read_json(ck / "state.json", "trees checkpoint") if resume else {}
+    done = state.get("chunks", 0) if (state.get("of"), state.get("n_unique")) == (n_chunks, len(uniq)) else 0
+    if done:
+        say_main(f"stage trees: {done} of {n_chunks} chunks parsed before the kill; going on from there")
+    else:
+        t0 = time.perf_counter()
+        probe = uniq[: min(64, len(uniq))]
+        gen.trees(probe)
+        estimate_line("stage trees", len(uniq), len(probe) / max(time.perf_counter() - t0, 1e-9), 0, unit="captions")
+    for c in range(done, n_chunks):
+        part = uniq[c * TREE_CHUNK:(c + 1) * TREE_CHUNK]
+        t0 = time.perf_counter()
+        # A caption the generator cannot parse gets no tree (only its whole-caption level in training).
+        trees = gen.trees(part, errors="skip")
+        seconds = time.perf_counter() - t0
+        negs = [gen.random_negative(x, seed=cfg.seed) for x in part]
+        atomic_write_json(ck / f"chunk-{c:05d}.json", {"trees": trees, "negatives": [n and n[0] for n in negs],
+                                                       "seconds": seconds})
+        atomic_write_json(ck / "state.json", {"chunks": c + 1, "of": n_chunks, "n_unique": len(uniq)})
+        if n_chunks > 1:
+            say_main(f"stage trees: chunk {c + 1}/{n_chunks} parsed ({min((c + 1) * TREE_CHUNK, len(uniq))} of "
+                     f"{len(uniq)} captions)")
+    chunks = [read_json(ck / f"chunk-{c:05d}.json", "trees checkpoint") for c in range(n_chunks)]
+    trees = dict(zip(uniq, (t for ch in chunks for t in ch["trees"])))
+    negs = dict(zip(uniq, (n for ch in chunks for n in ch["negatives"])))
     atomic_write_json(work / "trees.json", {"trees": [trees[c] or [] for c in captions],
-                                            "negatives": [None if negs[c] is None else negs[c][0] for c in captions],
-                                            "seconds": seconds, "n_unique": len(uniq)})
+                                            "negatives": [negs[c] for c in captions],
+                                            "seconds": sum(ch["seconds"] for ch in chunks), "n_unique": len(uniq)})
+    shutil.rmtree(ck)  # trees.json replaces the chunks
 
 
 def _finetune(cfg: ThreeVLCocoRecipe, mode: str, lazy: LazyEncoder, run: EncoderRun, paths: list[Path],
@@ -436,7 +463,7 @@ def run(out: Path, quick: bool = False, force: bool = False, stages=None, from_s
     train_key = {"data": data_hash([ann], train_data.images, train_data.root), "n_captions": len(captions)}
     # "generator" is a cache-key literal (the module's name when the key was made): kept, so cached trees stay found
     trees_dir = runner.stage("trees", {**train_key, "seed": cfg.seed, "generator": "vlctl.methods.trees"},
-                             lambda w: _trees(cfg, captions, w))
+                             lambda w, r: _trees(cfg, captions, w, r), resumable=True)
     ft_fields = ("rank", "lora_alpha", "lr", "weight_decay", "batch_size", "epochs", "warmup_steps", "alpha",
                  "level_reduction", "max_levels", "max_negatives", "seed")
     ft_dirs = {}
