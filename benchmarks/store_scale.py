@@ -1,8 +1,11 @@
 """Store scale benchmark (issue 44): a store grown by 100k-row adds, per add its time and peak
 memory, and at checkpoints its disk, open time, search latency and recall@10 against exact search.
 
-    python benchmarks/store_scale.py --rows 3000000 --json benchmarks/store_scale.json
-    python benchmarks/store_scale.py --rows 10000000 --dtype float16     # the issue's 10M setting
+    python benchmarks/store_scale.py --rows 10000000 --json benchmarks/store_scale_10m_nlist1024.json
+    python benchmarks/store_scale.py --rows 10000000 --first-add 1000000 --nlist 4096 --measure-every 30 \
+        --points 32:100,32:200,32:400,64:200,64:400 --json benchmarks/store_scale_10m.json
+
+(`make bench-store`: both, about 25 min and 22 GB of disk on 2 cores; docs/deployment.md.)
 
 Rows: synthetic 512-d embedding-like unit vectors (`index_bench.synthetic`: 1000 centres + noise),
 add a seeded from a; each row's metadata {"path", "caption"}. Index: ivfpq, nlist 1024, PQ64, the
@@ -53,8 +56,9 @@ def one_add(args: argparse.Namespace) -> dict:
     from vlctl.embeddings.store import create_store, open_store
 
     store_dir, a = Path(args.dir) / "store", args.one_add
-    x = add_rows(a, args.add)
-    first = a * args.add
+    first_add = args.first_add or args.add
+    x = add_rows(a, first_add if a == 0 else args.add)
+    first = 0 if a == 0 else first_add + (a - 1) * args.add
     meta = [{"path": f"img/{first + i:09d}.jpg", "caption": f"synthetic photo {first + i}"} for i in range(len(x))]
     t0 = time.perf_counter()
     if a == 0:
@@ -126,6 +130,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=10_000_000)
     p.add_argument("--add", type=int, default=100_000, help="rows per add")
+    p.add_argument("--first-add", type=int, default=0,
+                   help="rows of the first add, which trains the quantisers (0 = --add): nlist needs 39 x nlist of them")
     p.add_argument("--nlist", type=int, default=1024)
     p.add_argument("--pq-m", type=int, default=64)
     p.add_argument("--dtype", default="float32", choices=["float32", "float16"])
@@ -151,11 +157,13 @@ def main() -> None:
     best_s = np.full((args.queries, 0), -np.inf, np.float32)
     best_i = np.zeros((args.queries, 0), np.int64)
     adds, checkpoints = [], []
-    n_adds = args.rows // args.add
+    first_add = args.first_add or args.add
+    n_adds = 1 + (args.rows - first_add) // args.add
     try:
         for a in range(n_adds):
             measure = (a + 1) % args.measure_every == 0 or a == n_adds - 1 or a == 0
             cmd = [sys.executable, __file__, "--one-add", str(a), "--dir", str(work), "--add", str(args.add),
+                   "--first-add", str(first_add),
                    "--nlist", str(args.nlist), "--pq-m", str(args.pq_m), "--dtype", args.dtype,
                    "--target-recall", str(args.target_recall), "--points", args.points] + (["--measure"] if measure else [])
             done = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": "src"})
@@ -180,7 +188,7 @@ def main() -> None:
     later = [x for x in adds if x["add"] > 0]
     slope = float(np.polyfit([x["rows_before"] for x in later], [x["add_s"] for x in later], 1)[0]) if len(later) > 1 else 0.0
     summary = {
-        "rows": n_adds * args.add, "add_rows": args.add, "dim": DIM, "dtype": args.dtype, "nlist": args.nlist,
+        "rows": first_add + (n_adds - 1) * args.add, "first_add_rows": first_add, "add_rows": args.add, "dim": DIM, "dtype": args.dtype, "nlist": args.nlist,
         "pq_m": args.pq_m, "target_recall": args.target_recall,
         "first_add_s": adds[0]["add_s"], "mean_later_add_s": round(float(np.mean([x["add_s"] for x in later])), 3) if later else None,
         "add_s_per_million_store_rows": round(slope * 1e6, 4),
