@@ -30,7 +30,8 @@ def main() -> None:
     args = p.parse_args()
     from vlctl.embeddings.search import IndexConfig
     from vlctl.embeddings.store import create_store
-    from vlctl.methods.sae.model import SparseAutoencoder, fraction_variance_unexplained
+    from vlctl.methods.sae.model import SparseAutoencoder
+    from vlctl.methods.sae.rows import fraction_variance_unexplained
 
     x = synthetic(args.rows, 512, 1000, 0.6, seed=1)
     q = synthetic(args.queries, 512, 1000, 0.6, seed=2)

@@ -212,7 +212,8 @@ class VlctlTrainer(Trainer):
 
     def __init__(self, x, d1, k, lr, total_steps, seed=0):
         from vlctl.methods.sae.config import TopKSAEConfig
-        from vlctl.methods.sae.model import FitLoss, TopKSAE, geometric_median
+        from vlctl.methods.sae.model import FitLoss, TopKSAE
+        from vlctl.methods.sae.rows import geometric_median
 
         cfg = TopKSAEConfig(d=x.shape[1], d_latent=d1, k=k, seed=seed)
         model = TopKSAE(cfg, seed=seed)

@@ -31,7 +31,8 @@ from vlctl.data.mad import CATEGORIES, VALUES, load_mad
 from vlctl.eval import metrics
 from vlctl.eval.editing import latent_purity
 from vlctl.io import atomic_write_json, read_json
-from vlctl.methods.sae.model import SparseAutoencoder, fraction_variance_unexplained
+from vlctl.methods.sae.model import SparseAutoencoder
+from vlctl.methods.sae.rows import fraction_variance_unexplained
 from vlctl.recipes.runner import find_stage
 from vlctl.recipes.tevi import mad_clip
 

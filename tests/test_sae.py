@@ -9,7 +9,8 @@ import torch
 
 from vlctl.fsops import VlctlError
 from vlctl.methods.sae.config import TopKSAEConfig
-from vlctl.methods.sae.model import SparseAutoencoder, TopKSAE, fraction_variance_unexplained, geometric_median
+from vlctl.methods.sae.model import SparseAutoencoder, TopKSAE
+from vlctl.methods.sae.rows import fraction_variance_unexplained, geometric_median
 
 D, N_DIRS = 16, 8
 
@@ -307,3 +308,44 @@ def test_concept_started_sae_starts_at_the_concepts_and_trains_the_decoder():
     torch.testing.assert_close(model.W_D.detach().norm(dim=1), torch.ones(N_DIRS))  # on the unit sphere
     with pytest.raises(VlctlError, match="exclude each other"):
         SparseAutoencoder.Config(concepts_fixed=True, concepts_init=True)
+
+
+@pytest.mark.parametrize("init", ["geometric_median", "mean"])
+def test_fit_on_a_store_streams_its_rows(tmp_path, monkeypatch, init):
+    """Issue 44: a store of many shards (or float16 rows) has no memory map to share, and a 10M-row
+    store does not fit in memory as float64: the fit reads its rows batch by batch and block by
+    block (`vlctl.methods.sae.rows`), never all of them. Blocks are global row ranges, so one shard
+    or three give the same fit bit for bit; float16 rows fit as their float32 values do."""
+    import numpy as np
+
+    from vlctl.embeddings.search import IndexConfig
+    from vlctl.embeddings.store import create_store
+    from vlctl.embeddings.table import Table
+    from vlctl.methods.sae import rows as rows_mod
+
+    ENC = "test-encoder@0123456789abcdef"
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((900, 16)).astype(np.float32) + 2.0 * rng.standard_normal(16).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    one = create_store(tmp_path / "one", ENC, 16, IndexConfig(kind="none")).add(x)
+    three = create_store(tmp_path / "three", ENC, 16, IndexConfig(kind="none"))
+    for part in np.array_split(x, 3):
+        three = three.add(part)
+    half = create_store(tmp_path / "half", ENC, 16, IndexConfig(kind="none", dtype="float16")).add(x)
+    kw = {"k": 4, "d_latent": 32, "epochs": 3, "batch_size": 64, "seed": 0, "init_b_pre": init, "progress": False}
+
+    def fit(source, encoder_id=None):
+        return SparseAutoencoder(**kw).fit(source, encoder_id)
+
+    in_memory = fit(x, ENC)  # < one block: the same sums as the store's
+    monkeypatch.setattr(Table, "all", lambda self: pytest.fail("the fit read the whole store"))
+    monkeypatch.setattr(rows_mod, "BLOCK", 128)  # 8 blocks, one spanning the shards' edges
+    a, b = fit(one), fit(three)
+    for name, t in a.model_.state_dict().items():
+        assert torch.equal(t, b.model_.state_dict()[name]), name
+        assert torch.allclose(t, in_memory.model_.state_dict()[name], atol=1e-5), name
+    assert a.fvu_ == b.fvu_ and abs(a.fvu_ - in_memory.fvu_) < 1e-6
+    assert abs(a.fvu_ - fraction_variance_unexplained(x, a.reconstruct(x))) < 1e-9
+    rounded = x.astype(np.float16).astype(np.float32)
+    h, r = fit(half), fit(rounded, ENC)
+    assert all(torch.allclose(t, r.model_.state_dict()[n], atol=1e-5) for n, t in h.model_.state_dict().items())

@@ -159,7 +159,8 @@ def as_matrix(x: Any, name: str = "embeddings") -> np.ndarray:
     if a.shape[0] == 0:
         raise VlctlError(f"{name} are empty (shape {a.shape})")
     a = a.astype(np.float32, copy=False)
-    bad = ~np.isfinite(a).all(1)
+    # block by block: a (n, d) mask of a store's memory map would be n * d bytes
+    bad = np.concatenate([~np.isfinite(a[i:i + 65536]).all(1) for i in range(0, len(a), 65536)])
     if bad.any():
         rows = np.flatnonzero(bad)[:5].tolist()
         raise VlctlError(f"{name} contain NaN or Inf in {int(bad.sum())} row(s), e.g. rows {rows}")
@@ -185,20 +186,23 @@ class EmbeddingSet:
 
 
 def is_store_like(source: Any) -> bool:
-    return hasattr(source, "image_emb") and hasattr(source, "encoder_id")
+    # the class first: `hasattr` on an instance runs a property, and a store's `image_emb` reads every row
+    return all(hasattr(type(source), a) or hasattr(source, a) for a in ("image_emb", "encoder_id"))
 
 
 def embedding_set(source: Any, *, encoder_id: str | None = None, text_emb: Any = None, paired: bool = False,
-                  with_texts: bool = False, name: str = "embeddings") -> EmbeddingSet:
+                  with_texts: bool = False, name: str = "embeddings", rows: bool = False) -> EmbeddingSet:
     """A store-like `source` (module docstring) or an (n, d) array with `encoder_id` -> EmbeddingSet.
 
     text_emb: with an array source, the (n, d) caption embeddings paired row by row.
     paired: the caller needs one caption per image row. A store with a `pairs()` method (a vlctl
         store, whose text rows name the image they describe) gives its (image, caption) pairs.
     with_texts: read the store's caption strings (`.texts`; a store parses them from its metadata).
+    rows: a vlctl store's image rows come as its table (`images_table`), read on demand by the
+        caller (`vlctl.methods.sae.rows.Rows`) instead of into memory; checked block by block.
     An encoder_id given with a store must be the store's.
     """
-    texts = None
+    texts, table = None, None
     if name == "embeddings" and is_store_like(source) and getattr(source, "path", None) is not None:
         name = f"{source.path}: embeddings"  # a NaN names the store it is in
     if is_store_like(source):
@@ -208,7 +212,8 @@ def embedding_set(source: Any, *, encoder_id: str | None = None, text_emb: Any =
         if encoder_id is not None and encoder_id != sid:
             raise VlctlError(f"{name}: the store's embeddings come from encoder {sid!r}, not {encoder_id!r}")
         encoder_id = sid
-        image = source.image_emb
+        table = getattr(source, "images_table", None) if rows and not paired else None
+        image = table if table is not None and len(table) else source.image_emb
         text = getattr(source, "text_emb", None) if paired else None  # unread unless needed
         if image is None:
             raise VlctlError(f"{name}: the store holds no image embeddings")
@@ -220,7 +225,12 @@ def embedding_set(source: Any, *, encoder_id: str | None = None, text_emb: Any =
             raise VlctlError(f"{name}: an array of embeddings needs encoder_id= (the id of the encoder that made them)")
         image, text = source, text_emb
     where = name.removesuffix("embeddings") if name.endswith(": embeddings") else ""
-    image = as_matrix(image, f"{where}image embeddings" if where or name == "embeddings" else name)
+    what = f"{where}image embeddings" if where or name == "embeddings" else name
+    if table is None or image is not table:
+        image = as_matrix(image, what)
+    else:  # the store's table: its rows checked a block at a time, never all in memory
+        for a in range(0, len(table), 65536):
+            as_matrix(table.vectors(np.arange(a, min(a + 65536, len(table)))), f"{what} (rows from {a})")
     if text is not None:
         text = as_matrix(text, f"{where}text embeddings")
         if text.shape[1] != image.shape[1]:

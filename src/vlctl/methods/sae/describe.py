@@ -426,7 +426,7 @@ def describe_store(model, encoder_id: str, store, vocabulary: Sequence[str] = ()
     from vlctl.progress import heartbeat, progress_bar
 
     store.check_encoder(encoder_id)
-    if store.image_emb is None:
+    if not len(store):  # (not `image_emb`, which reads every row)
         raise VlctlError(f"{store.path}: the store holds no image embeddings")
     names, source = store_vocabulary(store, vocabulary, min_count, max_vocabulary)
     encoder = store_encoder(store, encoder)

@@ -43,6 +43,7 @@ from vlctl.io import read_json
 from vlctl.methods.base import Estimator, as_matrix, as_tensor, embedding_set
 from vlctl.methods.sae.config import SAE_DATA_FIELDS, TopKSAEConfig
 from vlctl.methods.sae.kernels import picked_encode, sparse_decode
+from vlctl.methods.sae.rows import Rows, column_mean, geometric_median, streamed_fvu
 from vlctl.train.distributed import is_distributed
 
 WEIGHTS_FILE = "sae.safetensors"
@@ -50,34 +51,6 @@ CONFIG_FILE = "config.json"
 
 
 # --- metrics -----------------------------------------------------------------------------------
-
-
-def fraction_variance_unexplained(x: Any, x_hat: Any) -> float:
-    """FVU = sum_i ||x_i - x^_i||^2 / sum_i ||x_i - mean(x)||^2 over the rows of x (n, d).
-
-    0 is a perfect reconstruction; 1 is as good as predicting the mean embedding for every input.
-    """
-    x, x_hat = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(x_hat, dtype=torch.float64)
-    return float((x - x_hat).pow(2).sum() / (x - x.mean(0)).pow(2).sum().clamp_min(1e-30))
-
-
-def geometric_median(x: Any, iters: int = 100, tol: float = 1e-7) -> torch.Tensor:
-    """argmin_m sum_i ||x_i - m|| of the rows of x (n, d) by Weiszfeld's iteration -> (d,).
-
-    Each step is the mean of the points weighted by 1/distance to the current estimate (distances
-    floored at a tiny value so a point that coincides with the estimate does not divide by zero).
-    The geometric median is what OpenAI initialises b_pre with: robust to outlying embeddings.
-    """
-    x = torch.as_tensor(x).detach().to(torch.float64)
-    m = x.mean(0)
-    for _ in range(iters):
-        w = 1.0 / (x - m).norm(dim=1).clamp_min(1e-12)
-        new = (w[:, None] * x).sum(0) / w.sum()
-        done = (new - m).norm() <= tol * max(1.0, float(m.norm()))
-        m = new
-        if done:
-            break
-    return m
 
 
 # --- the module --------------------------------------------------------------------------------
@@ -365,10 +338,10 @@ class SparseAutoencoder(Estimator):
         from vlctl.train.config import LoopConfig
         from vlctl.train.loop import train
 
-        data = embedding_set(source, encoder_id=encoder_id)
+        data = embedding_set(source, encoder_id=encoder_id, rows=True)
         encoder_id = data.encoder_id
-        x = as_tensor(data.image)
-        n, d = x.shape
+        rows = Rows(data.image)  # a store's rows stream from its shards (`vlctl.methods.sae.rows`)
+        n, d = rows.shape
         cfg = self._resolve(d=d)
         from_concepts = cfg.concepts_fixed or cfg.concepts_init
         if from_concepts and self.concept_emb is None:
@@ -379,12 +352,12 @@ class SparseAutoencoder(Estimator):
         model = TopKSAE(cfg, self.concept_emb if from_concepts else None, seed=cfg.seed)
         with torch.no_grad():
             if cfg.init_b_pre == "geometric_median":
-                model.b_pre.copy_(geometric_median(x).float())
+                model.b_pre.copy_(geometric_median(rows).float())
             elif cfg.init_b_pre == "mean":
-                model.b_pre.copy_(x.mean(0))
+                model.b_pre.copy_(column_mean(rows))
 
         def make_batch(idx: np.ndarray, epoch: int) -> torch.Tensor:
-            return x[torch.as_tensor(idx)]
+            return rows.batch(idx)
 
         loss_fn = FitLoss(cfg)
         # Parallel-gradient removal as a tensor hook: it rewrites W_D's gradient during backward,
@@ -424,7 +397,7 @@ class SparseAutoencoder(Estimator):
         model.normalize_decoder()
         model.eval()
         self._set_fitted(model.cpu(), encoder_id)
-        self.fvu_ = fraction_variance_unexplained(x, self.reconstruct(x))
+        self.fvu_ = streamed_fvu(rows, self.reconstruct)
         return self
 
     def _set_fitted(self, model: TopKSAE, encoder_id: str) -> None:

@@ -277,7 +277,7 @@ def _tevi_stage(cfg, train, sae_dir: Path, device: str, work: Path, lazy=None, c
 
 def _sweep_stage(cfg, train, test_img: np.ndarray, encoder_id: str, device: str, work: Path,
                  sae_rate: float | None = None) -> None:
-    from vlctl.methods.sae.model import fraction_variance_unexplained
+    from vlctl.methods.sae.rows import fraction_variance_unexplained
 
     n, d = train["image_emb"].shape
     if sae_rate:  # the main SAE's measured samples/s, scaled by each fit's width
@@ -437,7 +437,8 @@ def run(out: Path, quick: bool = False, force: bool = False, stages: str | Path 
         return out / "report.md"
 
     from vlctl.eval import metrics
-    from vlctl.methods.sae.model import SparseAutoencoder, fraction_variance_unexplained
+    from vlctl.methods.sae.model import SparseAutoencoder
+    from vlctl.methods.sae.rows import fraction_variance_unexplained
     from vlctl.methods.tevi.estimator import TEVI
 
     with runner.measure("evaluate"):

@@ -51,7 +51,7 @@ from vlctl.eval.editing import (
 )
 from vlctl.eval.metrics import caption_relevance, recall_from_order
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
-from vlctl.methods.sae.model import fraction_variance_unexplained
+from vlctl.methods.sae.rows import fraction_variance_unexplained
 from vlctl.recipes.runner import Runner
 from vlctl.recipes.tevi import mad_clip
 from vlctl.recipes.tevi.mad_report import (

@@ -11,7 +11,7 @@ from vlctl.data.mad import CATEGORIES, VALUES
 from vlctl.eval import metrics
 from vlctl.eval.editing import concept_auc_matrix, latent_purity
 from vlctl.io import atomic_save_npz
-from vlctl.methods.sae.model import fraction_variance_unexplained
+from vlctl.methods.sae.rows import fraction_variance_unexplained
 from vlctl.recipes.tevi.mad_report import N_PURITY
 
 CONCEPT_NAMES = [f"{c}={v}" for c in CATEGORIES for v in VALUES[c]]
