@@ -219,6 +219,9 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=["concepts", "random26", "cg"])
     ap.add_argument("--finetune", nargs="+", default=["frozen", "finetuned"])
     ap.add_argument("--parts", nargs="+", default=["configs", "losses", "drift"])
+    ap.add_argument("--conditioning", choices=("positive", "negative", "both"), default="positive",
+                    help="the configs' mask objective: Eq. 10 (the paper's), Eq. 11, or their mean; runs "
+                         "other than Eq. 10 are keyed NAME/FT-CONDITIONING/seedS")
     ap.add_argument("--preset", choices=("quick", "full"), default="quick",
                     help="the preset whose stages --stages holds: quick (d = 32 CLIP) or full (the paper's CLIP)")
     args = ap.parse_args()
@@ -227,7 +230,8 @@ def main() -> None:
     t0 = time.perf_counter()
 
     base = recipe.load_preset(quick)
-    cfg = dataclasses.replace(base, **PAPER_MASK)
+    cfg = dataclasses.replace(base, **PAPER_MASK, conditioning=args.conditioning)
+    cond = "" if args.conditioning == "positive" else f"-{args.conditioning}"
     train = dict(np.load(find_stage(args.stages, "embed-train") / "embeddings.npz"))
     test = dict(np.load(find_stage(args.stages, "embed") / "embeddings.npz"))
     test = {**test, **{f"word_{c}": test[f"word_{c}"] / np.linalg.norm(test[f"word_{c}"], axis=1, keepdims=True)
@@ -279,7 +283,7 @@ def main() -> None:
         return saes[name, seed]
 
     def tevi_dir(name: str, ft: str, seed: int) -> Path:
-        work = args.arrays / f"tevi-{name}-{ft}-seed{seed}"
+        work = args.arrays / f"tevi-{name}-{ft}{cond}-seed{seed}"
         if not (work / "tevi" / "config.json").is_file():
             fit_sae(name, seed)
             c = dataclasses.replace(cfg, text_finetune=ft == "finetuned")
@@ -291,11 +295,11 @@ def main() -> None:
         for name in args.configs:
             for ft in args.finetune:
                 for seed in args.seeds:
-                    key = f"{name}/{ft}/seed{seed}"
+                    key = f"{name}/{ft}{cond}/seed{seed}"
                     if key in results["runs"]:
                         continue
                     d = tevi_dir(name, ft, seed)
-                    r = recipe._evaluate_variant(cfg, d, test, img_vals, cap_vals, args.arrays / f"eval-{name}-{ft}",
+                    r = recipe._evaluate_variant(cfg, d, test, img_vals, cap_vals, args.arrays / f"eval-{name}-{ft}{cond}",
                                                  name, seed=seed, text=eval_text if ft == "finetuned" else None)
                     r.pop("_cos", None)
                     sae = fit_sae(name, seed)
