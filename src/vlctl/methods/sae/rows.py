@@ -9,7 +9,7 @@ over blocks.
 
 Blocks are global row ranges [a, a + BLOCK): a store of one shard, of many, or of the same rows in
 another layout sums the same rows in the same order, so its fit is the same bit for bit. Rows in
-memory are one block: the sums an in-memory fit always took.
+memory take the expressions an in-memory fit always took (the same fit as before, bit for bit).
 """
 
 from __future__ import annotations
@@ -58,6 +58,12 @@ class Rows:
 
 def _mean(rows: Rows, weight: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """(d,) float64: sum_i w_i x_i / sum_i w_i over the rows (w = 1 without `weight`)."""
+    if not rows.streamed:  # in memory: the very expressions an in-memory fit always evaluated
+        x = next(rows.blocks()).to(torch.float64)
+        if weight is None:
+            return x.mean(0)
+        w = weight(x)
+        return (w[:, None] * x).sum(0) / w.sum()
     num, den = torch.zeros(rows.shape[1], dtype=torch.float64), 0.0
     for block in rows.blocks():
         b = block.to(torch.float64)
