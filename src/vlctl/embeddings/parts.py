@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from vlctl.config import config_to_dict
-from vlctl.embeddings.search import IndexConfig, faiss_module, new_index
+from vlctl.embeddings.search import IndexConfig, faiss_module, new_index, row_reader
 from vlctl.embeddings.tuning import tune_store
 from vlctl.fsops import VlctlError
 from vlctl.io import atomic_write_bytes, check_content, check_file, fast_hash_file, sha256_file
@@ -128,34 +128,28 @@ def add_part(path: Path, record: dict, cfg: IndexConfig, part, trained, shard_no
 
 def merge_parts(path: Path, record: dict, cfg: IndexConfig, first: int, trained, read, arrays: list) -> dict:
     """The manifest's index entry with its parts from `first` on (one run's commits) merged into one
-    part file (module docstring); `record` unchanged when they are fewer than two. `read(p)` reads a
-    part record's index; `arrays`: the store's image shards (hnsw rebuilds from the stored rows).
-    The earlier parts are neither read nor rewritten; the caller commits the entry (the merged
-    file stays unnamed, and is removed as such, until the manifest names it)."""
-    parts = record.get("parts", [])
-    if len(parts) - first < 2:
-        return record
+    part file (module docstring); there are at least two. `read(p)` reads a part record's index;
+    `arrays`: the store's image shards (hnsw rebuilds from the stored rows). The earlier parts are
+    neither read nor rewritten; the caller commits the entry (the merged file stays unnamed, and is
+    removed as such, until the manifest names it)."""
+    parts = record["parts"]
     faiss = faiss_module()
-    shards = [int(Path(p["file"]).stem.split("_")[1]) for p in parts[first:]]
-    last = int(Path(parts[-1]["file"]).stem.split("_")[-1])
-    rows = sum(int(p["rows"]) for p in parts[first:])
+    start, rows = sum(int(p["rows"]) for p in parts[:first]), sum(int(p["rows"]) for p in parts[first:])
     if cfg.kind == "ivfpq":
         merged = faiss.clone_index(trained)  # the quantisers, no row
         for p in parts[first:]:
             merged.merge_from(read(p), 0)  # 0: keep the parts' ids (row numbers)
-    else:
+    else:  # the run's stored rows, 65,536 at a time
         merged, _ = new_part(cfg, arrays[0].shape[1], None, None)
-        start = sum(int(p["rows"]) for p in parts[:first])
-        offsets = np.cumsum([0] + [len(a) for a in arrays])
-        for s, a in enumerate(arrays):  # the run's rows, one chunk of a shard at a time
-            lo = max(start - offsets[s], 0)
-            for c in range(lo, len(a), 65536):
-                x = np.asarray(a[c : c + 65536], np.float32)
-                merged.add_with_ids(x, np.arange(offsets[s] + c, offsets[s] + c + len(x), dtype=np.int64))
+        rows_of = row_reader(arrays)
+        for a in range(start, start + rows, 65536):
+            ids = np.arange(a, min(a + 65536, start + rows), dtype=np.int64)
+            merged.add_with_ids(rows_of(ids), ids)
+    # named after the first shard of its first part and the last of its last: part_00003 / part_00003_00007
+    name = part_name(int(Path(parts[first]["file"]).stem.split("_")[1]),
+                     int(Path(parts[-1]["file"]).stem.split("_")[-1]))
     if merged.ntotal != rows:
-        raise VlctlError(f"{path / INDEX_DIR}: merging parts {shards[0]}..{last} found {merged.ntotal} rows, "
-                         f"the manifest says {rows}")
-    name = part_name(shards[0], last)
+        raise VlctlError(f"{path / name}: the merged parts hold {merged.ntotal} rows, the manifest says {rows}")
     write_index(merged, path / name)
     return {**record, "parts": [*parts[:first], {**index_file(path, name), "rows": rows}]}
 

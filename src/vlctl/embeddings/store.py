@@ -107,10 +107,8 @@ class Store:
         """`Store(path)` opens and checks the store at `path` (as `open_store` does); `manifest`
         is for the writers, which hold the manifest they just wrote."""
         path = Path(path)
-        if manifest is None:
-            manifest = read_manifest(path)
-        self.path = path
-        self.manifest = manifest
+        self.path, self.manifest = path, read_manifest(path) if manifest is None else manifest
+        manifest = self.manifest
         self.config = config_from_dict(IndexConfig, manifest["index"]["config"], source=str(path / MANIFEST))
         source = path / "img_emb" if self.read_only else path / MANIFEST
         dtype = manifest.get("dtype", "float32")
@@ -229,8 +227,8 @@ class Store:
             if not record.get("parts"):
                 return None
             try:
-                trained = read_index(self.path, record["trained"], self.path / MANIFEST) if record.get("trained") else None
-                parts = [read_index(self.path, p, self.path / MANIFEST) for p in record["parts"]]
+                trained = self._read_index(record.get("trained"))
+                parts = [self._read_index(p) for p in record["parts"]]
             except (VlctlError, OSError):
                 if read_manifest(self.path)["generation"] == self.manifest["generation"]:
                     raise
@@ -263,7 +261,7 @@ class Store:
         for record in [idx.get("trained"), *idx.get("parts", [])]:
             if record is not None:
                 file = self.path / record["file"]
-                read_index(self.path, record, self.path / MANIFEST)  # there, its size, readable
+                self._read_index(record)  # there, its size, readable
                 if sha256_file(file) != record["sha256"]:
                     raise VlctlError(f"{file}: sha256 differs from {self.path / MANIFEST}")
                 files, size = files + 1, size + file.stat().st_size
@@ -379,9 +377,12 @@ class Store:
             raise VlctlError(f"{self.path}: a clip-retrieval folder is read in place and never written; to add rows, "
                              f"make it a vlctl store first: `vlctl store convert {self.path} NEW_STORE`")
         with locked(self.path):
-            disk = read_manifest(self.path)
-            store = self if disk["generation"] == self.manifest["generation"] else Store(self.path, disk)
-            return store._add(embeddings, metadata, encoder_id, texts, text_metadata, normalized)
+            return self._latest()._add(embeddings, metadata, encoder_id, texts, text_metadata, normalized)
+
+    def _latest(self) -> Store:
+        """This store, or the store as another writer left it (the caller holds the lock)."""
+        disk = read_manifest(self.path)
+        return self if disk["generation"] == self.manifest["generation"] else Store(self.path, disk)
 
     def _add(self, embeddings, metadata, encoder_id, texts, text_metadata, normalized) -> Store:
         if encoder_id is not None:
@@ -410,11 +411,9 @@ class Store:
                 shard_no = len(self.manifest["shards"])
                 emb_name, meta_name = shard_names("image", shard_no)
                 record = self.manifest["index"]
-                trained = self._parts[2] if self._parts else None
-                part = None
+                part, trained = None, self._parts[2] if self._parts else None
                 if has_index(self.config):
-                    if trained is None and record.get("trained"):
-                        trained = read_index(self.path, record["trained"], self.path / MANIFEST)
+                    trained = trained if trained is not None else self._read_index(record.get("trained"))
                     part, trained = new_part(self.config, self.dim, x, trained)
                 write_shard(self.path, emb_name, x, self.dim, part, "image", normalized, dtype, len(self))
                 write_metadata(self.path, meta_name, meta_table)
@@ -460,14 +459,18 @@ class Store:
         """The store with its index parts from the `first`-th on (one run's commits) merged into one
         file (`vlctl.embeddings.parts.merge_parts`); else the store, rid of what a killed merge left."""
         with locked(self.path):
-            store, record = Store(self.path), read_manifest(self.path)["index"]
-            if not has_index(store.config) or len(record.get("parts", [])) - first < 2:
+            store = self._latest()
+            record = store.manifest["index"]
+            if len(record.get("parts", [])) - first < 2:
                 store._remove_unreferenced()
                 return store
-            read = functools.partial(read_index, store.path, source=store.path / MANIFEST)
-            trained = read(record["trained"]) if record.get("trained") else None
-            merged = merge_parts(store.path, record, store.config, first, trained, read, store.images_table._arrays)
+            merged = merge_parts(store.path, record, store.config, first, store._read_index(record.get("trained")),
+                                 store._read_index, store.images_table._arrays)
             return store._commit({**store.manifest, "index": merged})
+
+    def _read_index(self, record: dict | None):
+        """The index file a manifest record names, checked (`vlctl.embeddings.parts.read_index`); None for None."""
+        return None if record is None else read_index(self.path, record, self.path / MANIFEST)
 
     def _loaded_parts(self) -> list:
         """The index parts of this store, read (before an add appends its own)."""
@@ -530,11 +533,9 @@ def create_store(
 
 
 def open_store(path: str | os.PathLike, encoder_id: str | None = None) -> Store:
-    """Open and check a store directory.
-
-    Checks (cheap, no full read): the manifest exists and is complete, every shard exists with the
-    recorded size, shape and fast hash, the counts add up. `Store.verify()` also checks the sha256
-    hashes.
+    """Open and check a store directory, cheaply (no full read): the manifest there and complete,
+    every shard there with its recorded size, shape and fast hash, the counts adding up.
+    `Store.verify()` also checks the sha256 hashes.
 
     Raises:
         VlctlError naming the file: a missing directory or manifest, a corrupt manifest, a missing,

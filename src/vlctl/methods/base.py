@@ -228,9 +228,11 @@ def embedding_set(source: Any, *, encoder_id: str | None = None, text_emb: Any =
     what = f"{where}image embeddings" if where or name == "embeddings" else name
     if table is None or image is not table:
         image = as_matrix(image, what)
-    else:  # the store's table: its rows checked a block at a time, never all in memory
-        for a in range(0, len(table), 65536):
-            as_matrix(table.vectors(np.arange(a, min(a + 65536, len(table)))), f"{what} (rows from {a})")
+    else:  # the store's table: its rows checked a block at a time (views of the memory maps), never all
+        first = 0
+        for block in table.chunks(65536):
+            as_matrix(block, f"{what} (rows from {first})")
+            first += len(block)
     if text is not None:
         text = as_matrix(text, f"{where}text embeddings")
         if text.shape[1] != image.shape[1]:
