@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from index_bench import exact_topk, recall_at_k, synthetic
+from index_bench import emit, exact_topk, recall_at_k, synthetic
 
 
 def main() -> None:
@@ -55,9 +55,7 @@ def main() -> None:
             print(dtype, json.dumps(r), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(out, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    emit(out, args.json)
 
 
 if __name__ == "__main__":

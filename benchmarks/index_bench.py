@@ -67,6 +67,14 @@ def recall_at_k(ids: np.ndarray, truth: np.ndarray, k: int) -> float:
     return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ids, truth)]))
 
 
+def emit(result: dict, path: str | None) -> None:
+    """A benchmark's result: printed as JSON, and written to `path` when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if path:
+        Path(path).write_text(text + "\n")
+
+
 def _proc_status_mb(field: str) -> float:
     """VmRSS / VmHWM (peak) of this process from /proc, in MB (ru_maxrss would carry the
     parent's peak across exec on Linux)."""
@@ -294,9 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
             res = json.loads(out.stdout.strip().splitlines()[-1])
             results["kinds"][kind] = res
             print(f"[bench] {kind}: {json.dumps(res)}", file=sys.stderr)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+    emit(results, args.json)
     return results
 
 

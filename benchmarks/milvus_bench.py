@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from index_bench import _proc_status_mb, exact_topk, recall_at_k, synthetic
+from index_bench import _proc_status_mb, emit, exact_topk, recall_at_k, synthetic
 
 ENCODER = "synthetic@bench"
 ADD_ROWS = 250_000  # rows per add to the local store
@@ -199,9 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
         res.update(_run_step("controlembed", args, work))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(res, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+    emit(res, args.json)
     return res
 
 

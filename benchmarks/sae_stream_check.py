@@ -56,7 +56,7 @@ def main() -> None:
     if args.fit:
         print(json.dumps(fit(args.fit, args.in_memory)))
         return
-    from index_bench import synthetic
+    from index_bench import emit, synthetic
 
     from vlctl.embeddings.search import IndexConfig
     from vlctl.embeddings.store import create_store
@@ -75,10 +75,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     r |= {"rows": args.rows, "dim": DIM, "dtype": "float16", "sae": "k 32, 1024 latents, 1 epoch, batch 4096",
           "rows_float32_mb": round(args.rows * DIM * 4 / 2**20), "rows_float64_mb": round(args.rows * DIM * 8 / 2**20)}
-    text = json.dumps(r, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(r, args.json)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from index_bench import _proc_status_mb, recall_at_k, synthetic
+from index_bench import _proc_status_mb, emit, recall_at_k, synthetic
 
 DIM, CLUSTERS, SIGMA, K = 512, 1000, 0.6, 10
 
@@ -196,10 +196,7 @@ def main() -> None:
         "max_open_s": max(x["open_s"] for x in adds),
         "adds": adds, "checkpoints": checkpoints,
     }
-    text = json.dumps(summary, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    emit(summary, args.json)
 
 
 if __name__ == "__main__":
