@@ -70,15 +70,15 @@ def test_killed_trees_stage_resumes_after_its_last_chunk(tmp_path, monkeypatch):
     coco._trees(cfg, captions, tmp_path / "whole")
     whole = json.loads((tmp_path / "whole" / "trees.json").read_text())
 
-    real, calls = TreeGenerator.random_negative, []
+    real, calls = TreeGenerator.random_negatives, []
 
-    def killed_in_the_third_chunk(self, caption, seed=None):
-        calls.append(caption)
+    def killed_in_the_third_chunk(self, part, seed=None, errors="raise"):
+        calls.extend(part)
         if len(calls) == 7:
-            raise KeyboardInterrupt  # the 7th negative: chunks 1 and 2 saved, not 3
-        return real(self, caption, seed)
+            raise KeyboardInterrupt  # the third chunk's negatives: chunks 1 and 2 saved, not 3
+        return real(self, part, seed, errors)
 
-    monkeypatch.setattr(TreeGenerator, "random_negative", killed_in_the_third_chunk)
+    monkeypatch.setattr(TreeGenerator, "random_negatives", killed_in_the_third_chunk)
     with pytest.raises(KeyboardInterrupt):
         coco._trees(cfg, captions, tmp_path / "killed")
     assert json.loads((tmp_path / "killed" / "checkpoint" / "state.json").read_text()) == {

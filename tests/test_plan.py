@@ -43,6 +43,14 @@ def test_plan_lists_the_stages_and_counts_runs_nothing_then_marks_cached(tmp_pat
     assert main([*argv, "--plan"]) == 0
     rows = _rows(capsys.readouterr().out)
     assert {s for s, r in rows.items() if r[-1] == "yes"} == {"embed-fit", "embed-eval", "fit"}
+    # --json: the same plan as one JSON document on stdout, the table not printed
+    assert main([*argv, "--plan", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(r["stage"], r["work"], r["cached"]) for r in doc["stages"]] == [
+        ("data", 24, False), ("embed-fit", 12, True), ("embed-eval", 12, True), ("fit", 40, True), ("evaluate", 144, False)]
+    assert doc["counts"] == {"images": 24}
+    todo = [r["cpu_seconds"] for r in doc["stages"] if not r["cached"]]
+    assert doc["total_cpu_seconds"] == pytest.approx(sum(todo))
 
 
 def test_plan_counts_coco_and_rococo_from_the_annotations(tmp_path, capsys):

@@ -134,6 +134,16 @@ def test_random_negative(gen):
     assert TreeGenerator(vocabulary={"zzz"}, use_wordnet=False).random_negative("a red car") is None
 
 
+def test_random_negatives_batched_equal_one_by_one(gen):
+    # parsed in batches (nlp.pipe), each caption's negative is the one parsed alone; a refused caption
+    # raises, or gives None under errors="skip"
+    assert gen.random_negatives(CAPTIONS, seed=3) == [gen.random_negative(c, seed=3) for c in CAPTIONS]
+    with pytest.raises(VlctlError, match="caption 1"):
+        gen.random_negatives([CAPTIONS[0], "   "], seed=3)
+    assert gen.random_negatives([CAPTIONS[0], "   "], seed=3, errors="skip") == [gen.random_negative(CAPTIONS[0], seed=3),
+                                                                                  None]
+
+
 def test_cache_round_trip_and_truncated_line(tmp_path):
     path = tmp_path / "trees.jsonl"
     first = TreeGenerator(cache_path=path).trees(CAPTIONS[:3])

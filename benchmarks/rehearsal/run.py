@@ -134,7 +134,27 @@ def record(recipe: str, scale: float, proc: dict, results: dict, out: Path) -> d
             "disk_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())}
 
 
-def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | None, resume: bool = False) -> dict:
+def predicted(argv: list[str]) -> dict:
+    """What `vlctl reproduce ... --plan --json` expects of the run `argv` (read before it starts)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "VLCTL_TERMINAL": "0"}
+    cmd = [sys.executable, "-m", "vlctl", *[a for a in argv if a != "--force"], "--plan", "--json"]
+    return json.loads(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
+
+
+def plan_error(planned: dict, entry: dict) -> dict:
+    """The plan's CPU-time estimate beside the run's measured stage times: per stage [expected, measured]
+    seconds, and the total's relative error (expected / measured - 1; the target is within +-30%)."""
+    stages = {r["stage"]: [round(r["cpu_seconds"], 1) if r["cpu_seconds"] is not None else None,
+                           entry["stages"].get(r["stage"], {}).get("seconds")] for r in planned["stages"]}
+    expected = planned["total_cpu_seconds"]
+    measured = sum(m for _, m in stages.values() if m is not None)
+    return {"stages": stages, "expected_s": round(expected, 1) if expected is not None else None,
+            "measured_s": round(measured, 1),
+            "error": round(expected / measured - 1, 3) if expected is not None and measured else None}
+
+
+def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | None, resume: bool = False,
+             check_plan: bool = False) -> dict:
     scale = datasets["scale"]
     out = runs / f"s{scale}" / recipe
     out.mkdir(parents=True, exist_ok=True)
@@ -147,12 +167,15 @@ def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | 
     log = out.with_suffix(".log")
     if not resume:
         log.unlink(missing_ok=True)
+    planned = predicted(argv) if check_plan else None
     proc = run_once(argv, log)
     if proc["rc"] != 0:
         print(proc["stderr_tail"], flush=True)
         return {"scale": scale, "process": proc}
     results = json.loads((out / "results.json").read_text())
     entry = record(recipe, scale, proc, results, out)
+    if planned:
+        entry["plan"] = plan_error(planned, entry)
     if kill:
         # The same command, killed in the middle of `kill[0]`, then rerun: it must resume and end equal.
         killed = out.with_name(out.name + "-killed")
@@ -224,6 +247,10 @@ def markdown(doc: dict) -> str:
             if isinstance(v, dict):
                 lines.append(f"| {recipe} | {stage} | {v['work_ratio']} | {v['time_ratio']} | {v['cpu_ratio']} | "
                              f"{v['rss_ratio']} | {big['stages'][stage]['seconds']:.1f} |")
+    checked = sorted((k, r["plan"]) for k, r in doc["runs"].items() if r.get("plan"))
+    if checked:
+        lines += ["", "| run | plan's CPU estimate s | measured s (stages) | error |", "|---|---|---|---|"]
+        lines += [f"| {k} | {p['expected_s']} | {p['measured_s']} | {p['error']:+.0%} |" for k, p in checked]
     return "\n".join(lines)
 
 
@@ -239,6 +266,9 @@ def main() -> None:
     ap.add_argument("--table", action="store_true", help="print the findings tables of --json and stop")
     ap.add_argument("--resume", action="store_true", help="rerun without --force: a killed run goes on from its "
                     "finished stages and checkpoints (those stages' figures are the first run's wall seconds only)")
+    ap.add_argument("--check-plan", action="store_true", help="before each run, read what `--plan` expects of it, "
+                    "and record the estimate beside the measured times (a scale between the two the rates are "
+                    "fitted through tests them independently)")
     ap.add_argument("--kill", metavar="STAGE", help="also kill the run in STAGE and check that it resumes equal")
     ap.add_argument("--kill-after", type=float, default=20.0, help="seconds into STAGE (default 20)")
     args = ap.parse_args()
@@ -264,7 +294,8 @@ def main() -> None:
                     recipe, datasets["scale"], proc, json.loads((out / "results.json").read_text()), out)}
         args.recipes = []
     for recipe in args.recipes:
-        entry = rehearse(recipe, datasets, args.runs, (args.kill, args.kill_after) if args.kill else None, args.resume)
+        entry = rehearse(recipe, datasets, args.runs, (args.kill, args.kill_after) if args.kill else None, args.resume,
+                         args.check_plan)
         doc["runs"][f"{recipe}@{datasets['scale']}"] = entry
         print(json.dumps({k: entry.get(k) for k in ("total_seconds", "disk_bytes")} | {
             "peak_rss_GiB": round(entry["process"]["peak_rss_bytes"] / 2**30, 2),

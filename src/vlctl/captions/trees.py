@@ -516,10 +516,35 @@ class TreeGenerator:
         """
         self._prepare()
         self.check(caption)
-        s = self.seed if seed is None else seed
         text, _ = normalize_caption(caption)
+        return self._negative(self.nlp_(text.strip()), caption, text, self.seed if seed is None else seed)
+
+    def random_negatives(self, captions: Sequence[str], seed: int | None = None, errors: str = "raise",
+                         batch_size: int = 256) -> list[tuple[str, str] | None]:
+        """`random_negative` of many captions, parsed in batches with nlp.pipe as `trees` does (about 3x
+        faster per caption than one parse each). errors="skip" gives None for a caption `check` refuses."""
+        if errors not in ("raise", "skip"):
+            raise VlctlError(f"errors must be 'raise' or 'skip', got {errors!r}")
+        self._prepare()
+        s = self.seed if seed is None else seed
+        out: list[tuple[str, str] | None] = [None] * len(captions)
+        texts: dict[int, str] = {}
+        for k, cap in enumerate(captions):
+            try:
+                self.check(cap, f"caption {k}" if len(captions) > 1 else "caption")
+            except VlctlError:
+                if errors == "raise":
+                    raise
+                continue
+            texts[k] = normalize_caption(cap)[0]
+        docs = self.nlp_.pipe((t.strip() for t in texts.values()), batch_size=batch_size)
+        for (k, text), doc in zip(texts.items(), docs):
+            out[k] = self._negative(doc, captions[k], text, s)
+        return out
+
+    def _negative(self, doc, caption: str, text: str, s: int) -> tuple[str, str] | None:
+        """The random negative of `caption` from the parse `doc` of its normalised `text`."""
         lead = len(text) - len(text.lstrip())
-        doc = self.nlp_(text.strip())
         parse.retag(doc, self.overrides_, self.wn_)
         units, fixed = parse.word_units(doc, self.wn_), parse.fixed_phrases(doc)
         cands = [t for t in doc if t.pos_ in self.pos_ and t.is_alpha and parse.skip_reason(doc, t, fixed, units, self.wn_, self.vocab_ is None) is None]

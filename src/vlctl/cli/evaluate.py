@@ -181,8 +181,9 @@ def reproduce(args: argparse.Namespace) -> dict:
         if not real:
             raise VlctlError(f"--plan applies to the real recipes ({', '.join(REAL_RECIPES)}); {args.name} is a "
                              "synthetic one")
-        plan(args.name, options["cfg"], options["data"], Path(args.stages or Path(args.out) / "stages"))
-        return {}  # the plan is printed: nothing else to say
+        rows = plan(args.name, options["cfg"], options["data"], Path(args.stages or Path(args.out) / "stages"),
+                    echo=not args.json)
+        return rows if args.json else {}  # the plan is printed: nothing else to say
     # `all` shares one stage cache, so later recipes reuse earlier ones' stages (tevi-mad: the CLIP).
     stages = args.stages or (Path(args.out) / "stages" if args.name == "all" else None)
     scratch = args.from_scratch or args.force

@@ -182,6 +182,12 @@ def _t(s: float | None) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
+def total_to_run(rows: list[dict[str, Any]]) -> float | None:
+    """Expected CPU seconds of the stages not cached; None where one has no measured rate."""
+    todo = [r["cpu_seconds"] for r in rows if not r["cached"]]
+    return None if None in todo else sum(todo)
+
+
 def format_plan(recipe: str, counts_line: str, rows: list[dict[str, Any]]) -> str:
     lines = [(f"plan of {recipe} ({counts_line}); times from the scale rehearsal's measured rates "
               "(benchmarks/rehearsal/), with the tiny encoder: a larger one adds its forward to the embed stages"),
@@ -191,18 +197,18 @@ def format_plan(recipe: str, counts_line: str, rows: list[dict[str, Any]]) -> st
         disk = "?" if r["disk_bytes"] is None else f"{r['disk_bytes'] / 2**30:.2f} GiB"
         lines.append(f"  {r['stage']:<22}{r['work']:>14,.0f}{_t(r['cpu_seconds']):>14}{_t(r['gpu_seconds']):>14}"
                      f"{gib:>11}{disk:>11}  {'yes' if r['cached'] else 'no'}")
-    todo = [r["cpu_seconds"] for r in rows if not r["cached"]]
-    total = None if any(t is None for t in todo) else sum(todo)
-    lines.append(f"  total to run (stages not cached): {_t(total)} on this CPU; peak RSS "
+    lines.append(f"  total to run (stages not cached): {_t(total_to_run(rows))} on this CPU; peak RSS "
                  f"{max((r['peak_rss_bytes'] or 0) for r in rows) / 2**30:.1f} GiB")
     return "\n".join(lines)
 
 
-def plan(recipe: str, cfg: Any, data: Any, stages: Path) -> list[dict[str, Any]]:
-    """Print the plan on stdout; its rows."""
+def plan(recipe: str, cfg: Any, data: Any, stages: Path, echo: bool = True) -> dict[str, Any]:
+    """The plan: {"counts": the datasets' sizes, "stages": one row per stage (make_plan), "total_cpu_seconds":
+    of the stages not cached}; printed as a table on stdout when `echo`."""
     counts = dataset_counts(recipe, data)
     rows = make_plan(recipe, cfg, counts, stages, shards=bool(getattr(data, "train_shards", None)))
     line = ", ".join(f"{k}: {v['images']:,} images, {v['captions']:,} captions" if isinstance(v, dict)
                      else f"{k}: {v:,}" for k, v in counts.items())
-    print(format_plan(recipe, line, rows))
-    return rows
+    if echo:
+        print(format_plan(recipe, line, rows))
+    return {"counts": counts, "stages": rows, "total_cpu_seconds": total_to_run(rows)}

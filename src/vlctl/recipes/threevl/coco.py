@@ -155,7 +155,7 @@ def _trees(cfg: ThreeVLCocoRecipe, captions: list[str], work: Path, resume: bool
         # A caption the generator cannot parse gets no tree (only its whole-caption level in training).
         trees = gen.trees(part, errors="skip")
         seconds = time.perf_counter() - t0
-        negs = [gen.random_negative(x, seed=cfg.seed) for x in part]
+        negs = gen.random_negatives(part, seed=cfg.seed, errors="skip")
         atomic_write_json(ck / f"chunk-{c:05d}.json", {"trees": trees, "negatives": [n and n[0] for n in negs],
                                                        "seconds": seconds})
         atomic_write_json(ck / "state.json", {"chunks": c + 1, "of": n_chunks, "n_unique": len(uniq)})
