@@ -17,6 +17,7 @@ no compounds, no PROPN is retagged and every noun counts as animate.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 
 from vlctl.captions import prepositions as prep
@@ -79,6 +80,7 @@ def _tag_for(pos: str, tag: str) -> str:
             "CCONJ": "CC"}.get(pos, "XX")
 
 
+@functools.lru_cache(maxsize=100_000)
 def _verb_lemma(word: str) -> str:
     from lemminflect import getLemma
 

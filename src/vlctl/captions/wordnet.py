@@ -129,6 +129,7 @@ def load_wordnet(wordnet_dir: str | os.PathLike | None = None):
 # --- lookups -----------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=200_000)
 def base_form(wn, word: str, pos: str) -> str:
     """WordNet's morphological base ("kites" -> "kite", "flying" -> "fly"), or the word itself."""
     p = WN_POS.get(pos)
@@ -269,6 +270,7 @@ def _lemma_count(counts: dict[str, int], synset, base: str) -> int:
     return sum(counts.get(lemma.key(), 0) for lemma in synset.lemmas() if lemma.name().lower() == base)
 
 
+@functools.lru_cache(maxsize=200_000)
 def most_frequent_sense(wn, base: str, pos: str):
     """The synset of `base` with the largest SemCor count of its lemma `base` (cntlist), WordNet's
     order breaking ties (it lists senses by frequency already; the counts decide where the
