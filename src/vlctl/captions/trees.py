@@ -476,20 +476,11 @@ class TreeGenerator:
 
         errors="raise" stops at the first bad caption (VlctlError); "skip" gives None for it.
         """
-        if errors not in ("raise", "skip"):
-            raise VlctlError(f"errors must be 'raise' or 'skip', got {errors!r}")
-        self._prepare()
         s = self.seed if seed is None else seed
         out: list[list[dict] | None] = [None] * len(captions)
         todo: list[int] = []
         clean: dict[int, tuple[str, list[str]]] = {}
-        for k, cap in enumerate(captions):
-            try:
-                self.check(cap, f"caption {k}" if len(captions) > 1 else "caption")
-            except VlctlError:
-                if errors == "raise":
-                    raise
-                continue
+        for k, cap in self._accepted(captions, errors):
             hit = self.cache_.get(self.cache_key(cap, s), cap) if self.cache_ is not None else None
             if hit is not None:
                 out[k] = self._public(hit, details)
@@ -507,6 +498,23 @@ class TreeGenerator:
             out[k] = self._public(tree, details)
         return out
 
+    def _accepted(self, captions: Sequence[str], errors: str) -> list[tuple[int, str]]:
+        """(index, caption) of the captions `check` accepts; a refused one raises (errors="raise") or is
+        left out (errors="skip")."""
+        if errors not in ("raise", "skip"):
+            raise VlctlError(f"errors must be 'raise' or 'skip', got {errors!r}")
+        self._prepare()
+        ok = []
+        for k, cap in enumerate(captions):
+            try:
+                self.check(cap, f"caption {k}" if len(captions) > 1 else "caption")
+            except VlctlError:
+                if errors == "raise":
+                    raise
+                continue
+            ok.append((k, cap))
+        return ok
+
     def random_negative(self, caption: str, seed: int | None = None) -> tuple[str, str] | None:
         """One rule-based one-word negative of the whole caption: the NegCLIP-style baseline.
 
@@ -523,20 +531,9 @@ class TreeGenerator:
                          batch_size: int = 256) -> list[tuple[str, str] | None]:
         """`random_negative` of many captions, parsed in batches with nlp.pipe as `trees` does (about 3x
         faster per caption than one parse each). errors="skip" gives None for a caption `check` refuses."""
-        if errors not in ("raise", "skip"):
-            raise VlctlError(f"errors must be 'raise' or 'skip', got {errors!r}")
-        self._prepare()
         s = self.seed if seed is None else seed
         out: list[tuple[str, str] | None] = [None] * len(captions)
-        texts: dict[int, str] = {}
-        for k, cap in enumerate(captions):
-            try:
-                self.check(cap, f"caption {k}" if len(captions) > 1 else "caption")
-            except VlctlError:
-                if errors == "raise":
-                    raise
-                continue
-            texts[k] = normalize_caption(cap)[0]
+        texts = {k: normalize_caption(cap)[0] for k, cap in self._accepted(captions, errors)}
         docs = self.nlp_.pipe((t.strip() for t in texts.values()), batch_size=batch_size)
         for (k, text), doc in zip(texts.items(), docs):
             out[k] = self._negative(doc, captions[k], text, s)
