@@ -145,6 +145,7 @@ def _trees(cfg: ThreeVLCocoRecipe, captions: list[str], work: Path, resume: bool
     if done:
         say_main(f"stage trees: {done} of {n_chunks} chunks parsed before the kill; going on from there")
     else:
+        gen.trees(uniq[:1], errors="skip")  # loads spaCy and WordNet: the estimate is the parsing rate alone
         t0 = time.perf_counter()
         probe = uniq[: min(64, len(uniq))]
         gen.trees(probe)
