@@ -245,6 +245,11 @@ def test_3vl_coco_end_to_end(fixtures, tmp_path):
     assert main(argv) == 0
     r2 = _results(out)
     assert all(r2["timings"][k]["cached"] for k in ("trees", "finetune-tree", "evaluate"))
+    # stop_after_steps: the same trees, each fine-tune ended after one step (a fine-tune of its own)
+    assert main([*argv[:-2], *_config(tmp_path, "3vl-stop", {**THREE_VL_CFG, "stop_after_steps": 1})]) == 0
+    r3 = _results(out)
+    assert r3["timings"]["trees"]["cached"] and not r3["timings"]["finetune-tree"]["cached"]
+    assert all(v["steps"] == 1 for v in r3["fine_tuning"].values())
 
 
 def test_3vl_coco_finetuning_resumes_after_a_kill(fixtures, tmp_path, monkeypatch, capsys):

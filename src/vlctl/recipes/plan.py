@@ -114,7 +114,9 @@ def stage_work(recipe: str, cfg: Any, counts: dict[str, Any]) -> dict[str, float
     if recipe == "3vl-coco":
         caps = counts["train"]["captions"]
         caps = min(caps, cfg.max_train_captions) if cfg.max_train_captions else caps
-        return {"trees": caps, **{f"finetune-{m}": caps * cfg.epochs for m in ("contrastive", "negclip", "tree")},
+        samples = caps * cfg.epochs  # captions a fine-tune goes through (stop_after_steps: at most its steps' batches)
+        samples = min(samples, cfg.stop_after_steps * cfg.batch_size) if cfg.stop_after_steps else samples
+        return {"trees": caps, **{f"finetune-{m}": samples for m in ("contrastive", "negclip", "tree")},
                 "evaluate": counts["benchmark_items"] + _embed(counts["coco"])}
     if "images" in counts:  # ShotBench: one set, split by eval_fraction (vlctl.recipes.controlembed.real)
         n_eval = max(1, round(cfg.eval_fraction * counts["images"]))

@@ -75,6 +75,9 @@ class ThreeVLCocoRecipe:
     max_levels: int = opt(8, "tree levels kept per caption (the finest)", ge=1, le=1000)
     max_negatives: int = opt(8, "negatives kept per tree level", ge=1, le=1000)
     max_train_captions: int = opt(0, "use the first N COCO train captions only (0 = all)", ge=0, le=10**10)
+    stop_after_steps: int = opt(0, "end each fine-tune after this many steps, its schedule still the epochs' "
+                                   "(0 = every epoch): a smoke test or rehearsal of the whole data at a few steps",
+                                ge=0, le=10**9)
     removal_fraction: float = opt(0.65, "Anchor token removal: fraction of patches removed (paper: 65%)", ge=0, lt=1)
     checkpoint_every: int = opt(500, "fine-tuning checkpoint every this many steps (resume after a kill)", ge=0,
                                 le=10**9)
@@ -233,6 +236,7 @@ def _finetune(cfg: ThreeVLCocoRecipe, mode: str, lazy: LazyEncoder, run: Encoder
     groups = [{"params": params, "lr": cfg.lr, "weight_decay": cfg.weight_decay}]
     run_config = {"mode": mode, "base": base.id, "config": config_to_dict(cfg), "precision": run.precision}
     per_epoch = max(1, n // loop.batch_size)
+    steps = min(cfg.epochs * per_epoch, cfg.stop_after_steps or cfg.epochs * per_epoch)
     if not resume:  # time two steps on a scratch copy: the rate for the estimate line
         import shutil
         import tempfile
@@ -244,16 +248,17 @@ def _finetune(cfg: ThreeVLCocoRecipe, mode: str, lazy: LazyEncoder, run: Encoder
                       cfg=dataclasses.replace(loop, progress=False, checkpoint_every=0), out_dir=probe_dir,
                       param_groups=[{"params": list(lora_parameters(probe).values()), "lr": cfg.lr,
                                      "weight_decay": cfg.weight_decay}],
-                      device=run.device, run_config=run_config, stop_after_steps=min(2, cfg.epochs * per_epoch))
+                      device=run.device, run_config=run_config, stop_after_steps=min(2, steps))
             rate = r.steps / max(r.seconds, 1e-9)
         finally:
             shutil.rmtree(probe_dir, ignore_errors=True)
         mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else \
             sum(p.numel() * p.element_size() for p in model.parameters())
-        estimate_line(f"stage finetune-{mode}", cfg.epochs * per_epoch, rate, mem, unit="steps")
+        estimate_line(f"stage finetune-{mode}", steps, rate, mem, unit="steps")
     t0 = time.perf_counter()
     result = train(model, n_samples=n, make_batch=make_batch, loss_fn=loss_fn, cfg=loop, out_dir=work / "run",
-                   param_groups=groups, resume=resume, device=run.device, run_config=run_config)
+                   param_groups=groups, resume=resume, device=run.device, run_config=run_config,
+                   stop_after_steps=cfg.stop_after_steps or None)
     model.cpu()
     if not is_main_rank():  # under torchrun every rank trains (DDP); rank 0 writes
         return
@@ -466,7 +471,8 @@ def run(out: Path, quick: bool = False, force: bool = False, stages=None, from_s
     trees_dir = runner.stage("trees", {**train_key, "seed": cfg.seed, "generator": "vlctl.methods.trees"},
                              lambda w, r: _trees(cfg, captions, w, r), resumable=True)
     ft_fields = ("rank", "lora_alpha", "lr", "weight_decay", "batch_size", "epochs", "warmup_steps", "alpha",
-                 "level_reduction", "max_levels", "max_negatives", "seed")
+                 "level_reduction", "max_levels", "max_negatives", "seed",
+                 *(("stop_after_steps",) if cfg.stop_after_steps else ()))  # 0: the keys of earlier runs
     ft_dirs = {}
     for mode in FT_MODES:
         key = {"encoder": lazy.canonical_spec, "trees": trees_dir.name, "mode": mode, "precision": run_cfg.precision,
