@@ -34,9 +34,13 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))  # this checkout's vlctl, as the runs it starts use
 ENCODER = "open_clip:vlctl-tiny-vit"
 RECIPES = ("controlembed-shotbench", "controlembed-stanford40", "controlembed-clevr4", "tevi-coco", "3vl-coco",
-           "tevi-coco-cc12m")
+           "tevi-coco-cc12m", "3vl-coco-alltrees")
+# Variants of a recipe, rehearsed under their own names:
 # tevi-coco-cc12m: tevi-coco trained on the CC12M-like WebDataset shards (COCO test evaluates);
 # `vlctl reproduce --plan` reads its rates when --train-shards is given.
+# 3vl-coco-alltrees: 3vl-coco over every COCO train caption (trees of all 566k, each fine-tune reading
+# all of them), its fine-tunes stopped after 31 steps (about the 2,000 captions of 3vl-coco's rehearsal).
+VARIANT_OF = {"tevi-coco-cc12m": "tevi-coco", "3vl-coco-alltrees": "3vl-coco"}
 # Over each recipe's --quick preset.
 REHEARSAL = {
     "tevi-coco": {"sae_epochs": 2, "mask_epochs": 1, "sweep_k": [16], "sweep_expansion": [8], "sweep_epochs": 1},
@@ -47,6 +51,7 @@ REHEARSAL = {
     "3vl-coco": {"epochs": 1, "max_train_captions": 2_000},
 }
 REHEARSAL["tevi-coco-cc12m"] = REHEARSAL["tevi-coco"]
+REHEARSAL["3vl-coco-alltrees"] = {"epochs": 1, "stop_after_steps": 31}
 SCALED: dict[str, tuple[str, ...]] = {}  # fields multiplied by the scale
 
 
@@ -60,7 +65,7 @@ def work_of(recipe: str, results: dict) -> dict[str, float]:
     from vlctl.recipes.plan import dataset_counts, stage_work
     from vlctl.recipes.real_data import REAL_RECIPES
 
-    recipe = recipe.removesuffix("-cc12m")
+    recipe = VARIANT_OF.get(recipe, recipe)
     module = importlib.import_module(RECIPES[recipe].split(":")[0])
     cfg = config_from_dict(type(module.load_preset(True)), results["config"])
     data = config_from_dict(REAL_RECIPES[recipe][0], {k: v for k, v in results["data"].items() if v is not None})
@@ -70,7 +75,7 @@ def work_of(recipe: str, results: dict) -> dict[str, float]:
 def flags(recipe: str, datasets: dict) -> list[str]:
     if recipe == "tevi-coco-cc12m":
         return [*datasets["datasets"]["cc12m"]["flags"][recipe], *datasets["datasets"]["coco"]["flags"]["3vl-coco"]]
-    return [f for d in datasets["datasets"].values() for f in d["flags"].get(recipe, [])]
+    return [f for d in datasets["datasets"].values() for f in d["flags"].get(VARIANT_OF.get(recipe, recipe), [])]
 
 
 def run_once(argv: list[str], log: Path, kill: tuple[str, float] | None = None) -> dict:
@@ -161,7 +166,7 @@ def rehearse(recipe: str, datasets: dict, runs: Path, kill: tuple[str, float] | 
     cfg = out.parent / f"{recipe}.json"
     over = REHEARSAL.get(recipe, {})
     cfg.write_text(json.dumps({k: round(v * scale) if k in SCALED.get(recipe, ()) else v for k, v in over.items()}))
-    argv = ["reproduce", recipe.removesuffix("-cc12m"), "--quick", "--encoder", ENCODER, *flags(recipe, datasets), "--out", str(out),
+    argv = ["reproduce", VARIANT_OF.get(recipe, recipe), "--quick", "--encoder", ENCODER, *flags(recipe, datasets), "--out", str(out),
             "--recipe-config", str(cfg), *([] if resume else ["--force"])]
     print(f"{recipe} @ {scale}: {' '.join(argv)}", flush=True)
     log = out.with_suffix(".log")
