@@ -20,7 +20,8 @@ ENC = "open_clip:vlctl-tiny-vit"
 def _rows(out: str) -> dict[str, list[str]]:
     lines = out.splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["stage", "work"]) + 1
-    return {ln.split()[0]: ln.split()[1:] for ln in lines[start:] if not ln.strip().startswith("total")}
+    return {ln.split()[0]: ln.split()[1:] for ln in lines[start:]
+            if not ln.strip().startswith(("total", plan_mod.OUTSIDE))}  # the stages' rows
 
 
 def test_plan_lists_the_stages_and_counts_runs_nothing_then_marks_cached(tmp_path, capsys):
@@ -46,7 +47,7 @@ def test_plan_lists_the_stages_and_counts_runs_nothing_then_marks_cached(tmp_pat
     # --json: the same plan as one JSON document on stdout, the table not printed
     assert main([*argv, "--plan", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert [(r["stage"], r["work"], r["cached"]) for r in doc["stages"]] == [
+    assert [(r["stage"], r["work"], r["cached"]) for r in doc["stages"] if r["stage"] != plan_mod.OUTSIDE] == [
         ("data", 24, False), ("embed-fit", 12, True), ("embed-eval", 12, True), ("fit", 40, True), ("evaluate", 144, False)]
     assert doc["counts"] == {"images": 24}
     todo = [r["cpu_seconds"] for r in doc["stages"] if not r["cached"]]
@@ -93,3 +94,13 @@ def test_rates_are_fitted_through_two_runs_and_the_plan_applies_them(tmp_path):
     assert fit["cpu_seconds"] == pytest.approx(2.0 + 0.1 * fit["work"])
     assert fit["disk_bytes"] == pytest.approx(1e5 * fit["work"]) and fit["gpu_seconds"] is None
     assert next(r for r in rows if r["stage"] == "data")["cpu_seconds"] is None  # no rate: "not measured"
+    # the same work at both sizes (fixed steps): the mean of the two times, the larger of the two memories
+    same = plan_mod.fit_rates({"fit": {**small["fit"], "work": 100, "peak_rss_bytes": 3e9}}, big)
+    assert same["fit"]["seconds"] == {"fixed": pytest.approx(7.5), "per_work": 0.0}
+    assert same["fit"]["peak_rss_bytes"] == {"fixed": 3e9, "per_work": 0.0}
+    # the time outside the stages (start, annotations, report): a last row, always run
+    f.write_text(json.dumps({"controlembed-clevr4": {**rates, plan_mod.OUTSIDE: {"seconds": {"fixed": 6.0,
+                                                                                         "per_work": 0.0}}}}))
+    rows = plan_mod.make_plan("controlembed-clevr4", cfg, {"fit": 30, "eval": 20}, Path(tmp_path / "stages"), f)
+    assert rows[-1]["stage"] == plan_mod.OUTSIDE and rows[-1]["cpu_seconds"] == 6.0 and not rows[-1]["cached"]
+    assert "outside stages" in plan_mod.format_plan("controlembed-clevr4", "", rows)

@@ -21,6 +21,9 @@ from typing import Any
 from vlctl.recipes.real_common import TEXT_COST
 
 RATES = Path(__file__).with_name("rehearsal_rates.json")
+# The plan's last row: a run's time outside its stages (starting Python and torch, reading the annotation
+# files, writing the report), measured by the rehearsal as the process's seconds less its stages'.
+OUTSIDE = "outside stages"
 GPU_SMOKE = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_smoke.json"
 
 
@@ -129,8 +132,9 @@ def stage_work(recipe: str, cfg: Any, counts: dict[str, Any]) -> dict[str, float
 def fit_rates(small: dict, big: dict) -> dict[str, dict[str, float]]:
     """Per stage, `value = fixed + per_work * work` through a stage's two rehearsal runs, for its wall
     seconds, peak RSS and bytes written. `small` / `big`: {stage: {"work", "seconds", "peak_rss_bytes",
-    "written_bytes"}}. A stage whose work did not grow (a fixed number of steps) keeps its larger
-    run's value as fixed."""
+    "written_bytes"}}. A stage whose work did not grow (a fixed number of steps) takes the mean of its two
+    runs' seconds (the same work: their difference is the machine's noise) and the larger of their
+    memory and disk."""
     out = {}
     for name, b in big.items():
         s = small.get(name)
@@ -141,7 +145,10 @@ def fit_rates(small: dict, big: dict) -> dict[str, dict[str, float]]:
             if b.get(field) is None or s.get(field) is None:
                 continue  # not measured (a stage reused from an earlier run records its seconds only)
             vb, vs = b[field], s[field]
-            per = max(0.0, (vb - vs) / (b["work"] - s["work"])) if b["work"] > s["work"] else 0.0
+            if b["work"] <= s["work"]:
+                rec[field] = {"fixed": (vb + vs) / 2 if field == "seconds" else max(vb, vs), "per_work": 0.0}
+                continue
+            per = max(0.0, (vb - vs) / (b["work"] - s["work"]))
             rec[field] = {"fixed": max(0.0, vb - per * b["work"]), "per_work": per}
         out[name] = rec
     return out
@@ -175,6 +182,9 @@ def make_plan(recipe: str, cfg: Any, counts: dict[str, Any], stages: Path, rates
         done = [p for p in stages.glob(f"{name}-*") if len(p.name) == len(name) + 13 and (p / "done.json").is_file()]
         rows.append({"stage": name, "work": w, "cpu_seconds": est("seconds"), "gpu_seconds": _gpu_seconds(recipe, name, w),
                      "peak_rss_bytes": est("peak_rss_bytes"), "disk_bytes": est("written_bytes"), "cached": bool(done)})
+    if OUTSIDE in rates:
+        rows.append({"stage": OUTSIDE, "work": None, "cpu_seconds": rates[OUTSIDE]["seconds"]["fixed"],
+                     "gpu_seconds": None, "peak_rss_bytes": None, "disk_bytes": None, "cached": False})
     return rows
 
 
@@ -197,7 +207,8 @@ def format_plan(recipe: str, counts_line: str, rows: list[dict[str, Any]]) -> st
     for r in rows:
         gib = "?" if r["peak_rss_bytes"] is None else f"{r['peak_rss_bytes'] / 2**30:.1f} GiB"
         disk = "?" if r["disk_bytes"] is None else f"{r['disk_bytes'] / 2**30:.2f} GiB"
-        lines.append(f"  {r['stage']:<22}{r['work']:>14,.0f}{_t(r['cpu_seconds']):>14}{_t(r['gpu_seconds']):>14}"
+        work = "-" if r["work"] is None else f"{r['work']:,.0f}"
+        lines.append(f"  {r['stage']:<22}{work:>14}{_t(r['cpu_seconds']):>14}{_t(r['gpu_seconds']):>14}"
                      f"{gib:>11}{disk:>11}  {'yes' if r['cached'] else 'no'}")
     lines.append(f"  total to run (stages not cached): {_t(total_to_run(rows))} on this CPU; peak RSS "
                  f"{max((r['peak_rss_bytes'] or 0) for r in rows) / 2**30:.1f} GiB")
