@@ -317,9 +317,13 @@ def main() -> None:
                     doc["runs"][key]["plan"] = plan_error(predicted(command(recipe, datasets, args.runs)[0]),
                                                           doc["runs"][key])
         args.recipes = []
+    kills = doc.setdefault("kills", {})  # each recipe's kill-and-rerun check, kept when its run is measured again
+    kills.update({k: r.pop("kill") for k, r in doc["runs"].items() if "kill" in r})
     for recipe in args.recipes:
         entry = rehearse(recipe, datasets, args.runs, (args.kill, args.kill_after) if args.kill else None, args.resume,
                          args.check_plan)
+        if "kill" in entry:
+            kills[f"{recipe}@{datasets['scale']}"] = entry.pop("kill")
         doc["runs"][f"{recipe}@{datasets['scale']}"] = entry
         print(json.dumps({k: entry.get(k) for k in ("total_seconds", "disk_bytes")} | {
             "peak_rss_GiB": round(entry["process"]["peak_rss_bytes"] / 2**30, 2),
