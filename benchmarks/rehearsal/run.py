@@ -267,9 +267,13 @@ def markdown(doc: dict) -> str:
             if isinstance(v, dict):
                 lines.append(f"| {recipe} | {stage} | {v['work_ratio']} | {v['time_ratio']} | {v['cpu_ratio']} | "
                              f"{v['rss_ratio']} | {big['stages'][stage]['seconds']:.1f} |")
+    if doc.get("kills"):
+        lines += ["", "| run | killed in | after s | resumed | same results.json | rerun s |", "|---|---|---|---|---|---|"]
+        lines += [f"| {k} | {v['stage']} | {v['after_s']} | {'; '.join(v['resumed']) or 'finished stages reused'} | "
+                  f"{v['same_results']} | {v['rerun_seconds']} |" for k, v in sorted(doc["kills"].items())]
     checked = sorted((k, r["plan"]) for k, r in doc["runs"].items() if r.get("plan"))
     if checked:
-        lines += ["", "| run | plan's CPU estimate s | measured s (stages) | error |", "|---|---|---|---|"]
+        lines += ["", "| run | plan's CPU estimate s | measured s (the whole command) | error |", "|---|---|---|---|"]
         lines += [f"| {k} | {p['expected_s']} | {p['measured_s']} | {p['error']:+.0%} |" for k, p in checked]
     return "\n".join(lines)
 
