@@ -39,20 +39,20 @@ RECIPES = ("controlembed-shotbench", "controlembed-stanford40", "controlembed-cl
 # tevi-coco-cc12m: tevi-coco trained on the CC12M-like WebDataset shards (COCO test evaluates);
 # `vlctl reproduce --plan` reads its rates when --train-shards is given.
 # 3vl-coco-alltrees: 3vl-coco over every COCO train caption (trees of all 566k, each fine-tune reading
-# all of them), its fine-tunes stopped after 31 steps (about the 2,000 captions of 3vl-coco's rehearsal).
+# all of them), its fine-tunes stopped after 31 steps (about the 2,000 captions of the --quick preset's cap).
 OUTSIDE = "outside stages"  # the plan's row for a run's time outside its stages (vlctl.recipes.plan.OUTSIDE)
 VARIANT_OF = {"tevi-coco-cc12m": "tevi-coco", "3vl-coco-alltrees": "3vl-coco"}
 # Over each recipe's --quick preset.
 REHEARSAL = {
     "tevi-coco": {"sae_epochs": 2, "mask_epochs": 1, "sweep_k": [16], "sweep_expansion": [8], "sweep_epochs": 1},
-    # 2,000 training captions at both sizes: the trees (spaCy, about 27 captions/s here) and three LoRA
-    # fine-tunes over all 566k captions would take days on 2 shared cores. Their cost follows the
-    # captions a config takes, not the dataset's size; the benchmarks (77k items at full size) and the
-    # COCO test are evaluated whole.
+    # 2,000 training captions at both sizes (the --quick preset's cap): three LoRA fine-tunes over all
+    # 566k captions take hours a epoch here. Their cost follows the captions a config takes, not the
+    # dataset's size; the benchmarks (77k items at full size) and the COCO test are evaluated whole.
+    # 3vl-coco-alltrees takes every caption to its trees and into each fine-tune's data.
     "3vl-coco": {"epochs": 1, "max_train_captions": 2_000},
 }
 REHEARSAL["tevi-coco-cc12m"] = REHEARSAL["tevi-coco"]
-REHEARSAL["3vl-coco-alltrees"] = {"epochs": 1, "stop_after_steps": 31}
+REHEARSAL["3vl-coco-alltrees"] = {"epochs": 1, "max_train_captions": 0, "stop_after_steps": 31}
 SCALED: dict[str, tuple[str, ...]] = {}  # fields multiplied by the scale
 
 
