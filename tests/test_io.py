@@ -25,3 +25,29 @@ def test_outputs_follow_the_umask(tmp_path, umask):
         assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~umask, f
     assert stat.S_IMODE((tmp_path / "d").stat().st_mode) == 0o777 & ~umask
     assert os.umask(old) == old  # the umask itself is left as it was
+
+
+def test_gc_paused_pauses_the_collector_and_restores_it():
+    import gc
+
+    from vlctl.io import gc_paused
+
+    seen = []
+
+    @gc_paused
+    def load(fail: bool):
+        seen.append(gc.isenabled())
+        if fail:
+            raise ValueError("bad file")
+        return 7
+
+    assert gc.isenabled() and load(False) == 7 and gc.isenabled()
+    with pytest.raises(ValueError):
+        load(True)
+    assert gc.isenabled() and seen == [False, False]
+    gc.disable()  # paused by its caller: left paused
+    try:
+        load(False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

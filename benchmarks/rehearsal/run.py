@@ -118,8 +118,8 @@ def run_once(argv: list[str], log: Path, kill: tuple[str, float] | None = None) 
 
 def _plain(results: dict) -> dict:
     """results.json without what differs between equal runs (timings, seconds)."""
-    drop = {"timings", "timing", "seconds", "seconds_exhaustive", "seconds_rerank", "samples_per_s", "steps_per_s",
-            "resumed", "fit"}
+    drop = {"timings", "timing", "eval_timings", "seconds", "seconds_exhaustive", "seconds_rerank", "samples_per_s",
+            "steps_per_s", "resumed", "fit"}
     if isinstance(results, dict):
         return {k: _plain(v) for k, v in results.items() if k not in drop}
     if isinstance(results, list):
@@ -316,6 +316,10 @@ def main() -> None:
                 proc = doc["runs"].get(key, {}).get("process") or {"note": "process figures not recorded"}
                 doc["runs"][key] = {**doc["runs"].get(key, {}), **record(
                     recipe, datasets["scale"], proc, json.loads((out / "results.json").read_text()), out)}
+                killed = out.with_name(out.name + "-killed") / "results.json"
+                if key in doc.get("kills", {}) and killed.is_file():  # compared again (what _plain leaves out may grow)
+                    doc["kills"][key]["same_results"] = _plain(json.loads(killed.read_text())) == _plain(
+                        json.loads((out / "results.json").read_text()))
                 if args.check_plan:  # the plan of the recorded run, read now from the rates as they stand
                     save(doc, args.json)
                     doc["runs"][key]["plan"] = plan_error(predicted(command(recipe, datasets, args.runs)[0]),

@@ -11,7 +11,7 @@ from vlctl.data.loaders.common import (
     _build,
 )
 from vlctl.fsops import VlctlError
-from vlctl.io import read_json, read_text_utf8
+from vlctl.io import gc_paused, read_json, read_text_utf8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +41,7 @@ def _check_roots(
     return [it for it in items if it.image not in gone], data.missing
 
 
+@gc_paused
 def load_sugarcrepe(
     path: str | os.PathLike, root: str | os.PathLike | None = None, on_missing: str = "error"
 ) -> tuple[list[ContrastItem], list[str]]:
@@ -58,6 +59,7 @@ def load_sugarcrepe(
     return _check_roots(items, str(path), root, on_missing)
 
 
+@gc_paused
 def load_vl_checklist(
     path: str | os.PathLike, root: str | os.PathLike | None = None, on_missing: str = "error"
 ) -> tuple[list[ContrastItem], list[str]]:
@@ -80,6 +82,7 @@ def load_vl_checklist(
     return _check_roots(items, str(path), root, on_missing)
 
 
+@gc_paused
 def load_vl_checklist_corpus(
     corpus: str | os.PathLike, image_root: str | os.PathLike | None = None, on_missing: str = "error"
 ) -> dict[str, tuple[list[ContrastItem], list[str]]]:
@@ -120,6 +123,7 @@ def load_vl_checklist_corpus(
     return out
 
 
+@gc_paused
 def load_aro(
     path: str | os.PathLike, root: str | os.PathLike | None = None, on_missing: str = "error"
 ) -> tuple[list[ContrastItem], list[str]]:

@@ -18,12 +18,13 @@ from vlctl.data.loaders.common import (
     _read_table,
 )
 from vlctl.fsops import VlctlError
-from vlctl.io import read_json
+from vlctl.io import gc_paused, read_json
 
 # --------------------------------------------------------------------------------------------
 # CSV / TSV of image path + caption (OpenCLIP's --csv-img-key / --csv-caption-key)
 
 
+@gc_paused
 def load_caption_table(
     path: str | os.PathLike,
     root: str | os.PathLike | None = None,
@@ -96,6 +97,7 @@ def folder_extras(root: str | os.PathLike) -> list[tuple[str, str]]:
     return sorted(out)
 
 
+@gc_paused
 def load_image_folder(
     root: str | os.PathLike,
     annotations: str | os.PathLike | None = None,
@@ -151,6 +153,7 @@ def load_image_folder(
     return _build(f"{root} + {ann}", root, listed + rest, on_missing)
 
 
+@gc_paused
 def load_clevr4(
     root: str | os.PathLike, split: str | None = None, check_images: bool = True, on_missing: str = "error"
 ) -> ImageTextData:

@@ -21,7 +21,7 @@ from vlctl.data.loaders.common import (
     _read_table,
 )
 from vlctl.fsops import VlctlError
-from vlctl.io import read_json, read_text_utf8
+from vlctl.io import gc_paused, read_json, read_text_utf8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +169,7 @@ def _read_attribute_labels(path: Path) -> dict[str, dict[str, str]]:
     return out
 
 
+@gc_paused
 def load_stanford40(
     root: str | os.PathLike,
     split: str | None = "test",
@@ -295,6 +296,7 @@ def _decode_embedded(value: str) -> bytes | None:
     return data if _image_ext(data) else None
 
 
+@gc_paused
 def load_shotbench(
     path: str | os.PathLike, root: str | os.PathLike | None = None, on_missing: str = "error"
 ) -> LabelledImages:

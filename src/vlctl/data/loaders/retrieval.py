@@ -14,12 +14,13 @@ from vlctl.data.loaders.common import (
     _read_table,
 )
 from vlctl.fsops import VlctlError
-from vlctl.io import read_json
+from vlctl.io import gc_paused, read_json
 
 # --------------------------------------------------------------------------------------------
 # Karpathy splits (COCO, Flickr30k) and the [{image, caption}] form
 
 
+@gc_paused
 def load_karpathy(
     path: str | os.PathLike,
     split: str | None = "test",
@@ -78,6 +79,7 @@ def load_karpathy(
 
 
 
+@gc_paused
 def load_rococo(
     path: str | os.PathLike, root: str | os.PathLike | None = None, on_missing: str = "error"
 ) -> tuple[ImageTextData, ImageTextData]:
@@ -103,6 +105,7 @@ def load_rococo(
     return original, altered
 
 
+@gc_paused
 def load_long_captions(
     path: str | os.PathLike,
     field: str = "DOCCI",

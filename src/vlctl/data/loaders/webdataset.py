@@ -13,6 +13,7 @@ from vlctl.data.loaders.common import (
     IMAGE_EXTENSIONS,
 )
 from vlctl.fsops import VlctlError
+from vlctl.io import gc_paused
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +115,7 @@ def _wds_sample(key: str, shard: Path, files: dict[str, bytes]) -> WebDatasetSam
 
 
 
+@gc_paused
 def unpack_webdataset(shards: str | os.PathLike | Sequence[str | os.PathLike], out: str | os.PathLike,
                       progress: bool = True) -> tuple[list[Path], list[str], list[Path]]:
     """The image-and-caption samples of WebDataset shards as files: (image paths, captions, the
