@@ -202,7 +202,8 @@ def total_to_run(rows: list[dict[str, Any]]) -> float | None:
 
 def format_plan(recipe: str, counts_line: str, rows: list[dict[str, Any]]) -> str:
     lines = [(f"plan of {recipe} ({counts_line}); times from the scale rehearsal's measured rates "
-              "(benchmarks/rehearsal/), with the tiny encoder: a larger one adds its forward to the embed stages"),
+              "(benchmarks/rehearsal/), with the tiny encoder on this machine alone: a larger encoder adds its forward "
+              "to the embed stages, other jobs beside the run slow it"),
              f"  {'stage':<22}{'work':>14}{'CPU':>14}{'one GPU':>14}{'peak RSS':>11}{'disk':>11}  cached"]
     for r in rows:
         gib = "?" if r["peak_rss_bytes"] is None else f"{r['peak_rss_bytes'] / 2**30:.1f} GiB"
@@ -210,7 +211,8 @@ def format_plan(recipe: str, counts_line: str, rows: list[dict[str, Any]]) -> st
         work = "-" if r["work"] is None else f"{r['work']:,.0f}"
         lines.append(f"  {r['stage']:<22}{work:>14}{_t(r['cpu_seconds']):>14}{_t(r['gpu_seconds']):>14}"
                      f"{gib:>11}{disk:>11}  {'yes' if r['cached'] else 'no'}")
-    lines.append(f"  total to run (stages not cached): {_t(total_to_run(rows))} on this CPU; peak RSS "
+    lines.append(f"  total to run (the stages not cached, and the time outside them): {_t(total_to_run(rows))} on "
+                 f"this CPU; peak RSS "
                  f"{max((r['peak_rss_bytes'] or 0) for r in rows) / 2**30:.1f} GiB")
     return "\n".join(lines)
 
