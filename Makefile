@@ -57,7 +57,7 @@ bench-peers: $(PEERS_STAMP)
 # of the papers' sizes (REHEARSAL, about 6 GB), then every real recipe at both with the tiny random
 # encoder: benchmarks/scale_rehearsal.json and the rates `vlctl reproduce --plan` reads (run it on a
 # quiet machine: the rates are this machine's); then a SIGKILL in each recipe's longest stage, and
-# at 0.3 of the sizes the plan's estimate checked against the run. Hours on 2 cores.
+# at 0.3 of the sizes the plan's estimate checked against the run. About 70 min on 2 cores.
 REHEARSAL ?= /tmp/vlctl-rehearsal
 RUN_REHEARSAL = $(BIN)/python benchmarks/rehearsal/run.py --runs $(REHEARSAL)/runs
 bench-scale: $(STAMP)
