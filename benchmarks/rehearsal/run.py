@@ -255,7 +255,9 @@ def markdown(doc: dict) -> str:
     lines = ["| recipe | scale | wall s | CPU s | peak RSS GiB | longest silence s |", "|---|---|---|---|---|---|"]
     for key, r in sorted(doc["runs"].items()):
         p = r["process"]
-        peak = p.get("peak_rss_bytes") or max((st.get("peak_rss_bytes") or 0) for st in r.get("stages", {}).values())
+        # the stages' peaks: the runner resets the kernel's high-water mark at each stage (clear_refs), which
+        # also lowers what the process reports at its exit
+        peak = max([p.get("peak_rss_bytes") or 0, *((st.get("peak_rss_bytes") or 0) for st in r.get("stages", {}).values())])
         rss = f"{peak / 2**30:.2f}"
         lines.append(f"| {key.split('@')[0]} | {r['scale']} | {r.get('total_seconds', 'failed')} | "
                      f"{p.get('cpu_seconds', '-')} | {rss} | {p.get('longest_silence_s', '-')} |")
