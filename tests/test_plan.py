@@ -94,9 +94,10 @@ def test_rates_are_fitted_through_two_runs_and_the_plan_applies_them(tmp_path):
     assert fit["cpu_seconds"] == pytest.approx(2.0 + 0.1 * fit["work"])
     assert fit["disk_bytes"] == pytest.approx(1e5 * fit["work"]) and fit["gpu_seconds"] is None
     assert next(r for r in rows if r["stage"] == "data")["cpu_seconds"] is None  # no rate: "not measured"
-    # the same work at both sizes (fixed steps): the mean of the two times, the larger of the two memories
+    # the same work at both sizes (fixed steps): the mean of the two times, in proportion to the work (a
+    # larger run is not planned at the rehearsal's time), the larger of the two memories
     same = plan_mod.fit_rates({"fit": {**small["fit"], "work": 100, "peak_rss_bytes": 3e9}}, big)
-    assert same["fit"]["seconds"] == {"fixed": pytest.approx(7.5), "per_work": 0.0}
+    assert same["fit"]["seconds"] == {"fixed": 0.0, "per_work": pytest.approx(0.075)}
     assert same["fit"]["peak_rss_bytes"] == {"fixed": 3e9, "per_work": 0.0}
     # the time outside the stages (start, annotations, report): a last row, always run
     f.write_text(json.dumps({"controlembed-clevr4": {**rates, plan_mod.OUTSIDE: {"seconds": {"fixed": 6.0,

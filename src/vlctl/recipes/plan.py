@@ -132,9 +132,10 @@ def stage_work(recipe: str, cfg: Any, counts: dict[str, Any]) -> dict[str, float
 def fit_rates(small: dict, big: dict) -> dict[str, dict[str, float]]:
     """Per stage, `value = fixed + per_work * work` through a stage's two rehearsal runs, for its wall
     seconds, peak RSS and bytes written. `small` / `big`: {stage: {"work", "seconds", "peak_rss_bytes",
-    "written_bytes"}}. A stage whose work did not grow (a fixed number of steps) takes the mean of its two
-    runs' seconds (the same work: their difference is the machine's noise) and the larger of their
-    memory and disk."""
+    "written_bytes"}}. A stage the rehearsal ran with the same work at both sizes (a fit of fixed steps,
+    3VL's capped captions) is timed in proportion to its work from the mean of its two runs (their
+    difference is the machine's noise; in proportion, a run with more work is not planned at the
+    rehearsal's time), with the larger of their memory and disk."""
     out = {}
     for name, b in big.items():
         s = small.get(name)
@@ -146,7 +147,8 @@ def fit_rates(small: dict, big: dict) -> dict[str, dict[str, float]]:
                 continue  # not measured (a stage reused from an earlier run records its seconds only)
             vb, vs = b[field], s[field]
             if b["work"] <= s["work"]:
-                rec[field] = {"fixed": (vb + vs) / 2 if field == "seconds" else max(vb, vs), "per_work": 0.0}
+                rec[field] = {"fixed": 0.0, "per_work": (vb + vs) / 2 / b["work"]} if field == "seconds" else \
+                    {"fixed": max(vb, vs), "per_work": 0.0}
                 continue
             per = max(0.0, (vb - vs) / (b["work"] - s["work"]))
             rec[field] = {"fixed": max(0.0, vb - per * b["work"]), "per_work": per}
