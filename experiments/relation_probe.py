@@ -68,7 +68,6 @@ def main() -> None:
     ap.add_argument("models", nargs="+", help="NAME=STAGE: 3vl-lit base or fine-tune stages (their model/)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
-    torch.manual_seed(0)
     train, test = load_scenes(a.data / "train"), load_scenes(a.data / "test")
     y_tr, y_te = labels(train["labels"]), labels(test["labels"])
     models = dict(m.split("=", 1) for m in a.models)

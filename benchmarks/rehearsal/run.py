@@ -32,6 +32,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))  # this checkout's vlctl, as the runs it starts use
+from vlctl.recipes.plan import OUTSIDE  # the plan's row for a run's time outside its stages
+
 ENCODER = "open_clip:vlctl-tiny-vit"
 RECIPES = ("controlembed-shotbench", "controlembed-stanford40", "controlembed-clevr4", "tevi-coco", "3vl-coco",
            "tevi-coco-cc12m", "3vl-coco-alltrees")
@@ -40,7 +42,6 @@ RECIPES = ("controlembed-shotbench", "controlembed-stanford40", "controlembed-cl
 # `vlctl reproduce --plan` reads its rates when --train-shards is given.
 # 3vl-coco-alltrees: 3vl-coco over every COCO train caption (trees of all 566k, each fine-tune reading
 # all of them), its fine-tunes stopped after 31 steps (about the 2,000 captions of the --quick preset's cap).
-OUTSIDE = "outside stages"  # the plan's row for a run's time outside its stages (vlctl.recipes.plan.OUTSIDE)
 VARIANT_OF = {"tevi-coco-cc12m": "tevi-coco", "3vl-coco-alltrees": "3vl-coco"}
 # Over each recipe's --quick preset.
 REHEARSAL = {
@@ -328,7 +329,6 @@ def main() -> None:
                                                           doc["runs"][key])
         args.recipes = []
     kills = doc.setdefault("kills", {})  # each recipe's kill-and-rerun check, kept when its run is measured again
-    kills.update({k: r.pop("kill") for k, r in doc["runs"].items() if "kill" in r})
     for recipe in args.recipes:
         entry = rehearse(recipe, datasets, args.runs, (args.kill, args.kill_after) if args.kill else None, args.resume,
                          args.check_plan)

@@ -220,8 +220,8 @@ def format_plan(recipe: str, counts_line: str, rows: list[dict[str, Any]]) -> st
 
 
 def plan(recipe: str, cfg: Any, data: Any, stages: Path, echo: bool = True) -> dict[str, Any]:
-    """The plan: {"counts": the datasets' sizes, "stages": one row per stage (make_plan), "total_cpu_seconds":
-    of the stages not cached}; printed as a table on stdout when `echo`."""
+    """The plan: {"counts": the datasets' sizes, "stages": make_plan's rows, "total_cpu_seconds": of the rows
+    not cached (`total_to_run`)}; printed as a table on stdout when `echo`."""
     counts = dataset_counts(recipe, data)
     rows = make_plan(recipe, cfg, counts, stages, shards=bool(getattr(data, "train_shards", None)))
     line = ", ".join(f"{k}: {v['images']:,} images, {v['captions']:,} captions" if isinstance(v, dict)

@@ -236,7 +236,7 @@ def _finetune(cfg: ThreeVLCocoRecipe, mode: str, lazy: LazyEncoder, run: Encoder
     groups = [{"params": params, "lr": cfg.lr, "weight_decay": cfg.weight_decay}]
     run_config = {"mode": mode, "base": base.id, "config": config_to_dict(cfg), "precision": run.precision}
     per_epoch = max(1, n // loop.batch_size)
-    steps = min(cfg.epochs * per_epoch, cfg.stop_after_steps or cfg.epochs * per_epoch)
+    steps = min(cfg.epochs * per_epoch, cfg.stop_after_steps) if cfg.stop_after_steps else cfg.epochs * per_epoch
     if not resume:  # time two steps on a scratch copy: the rate for the estimate line
         import shutil
         import tempfile
