@@ -1,5 +1,8 @@
 """Does a 3vl-lit base's image embedding carry the spatial relation at all? (issue 42)
 
+The recipe now runs this probe itself (stage relation_probe, vlctl.recipes.threevl.lit_probe); this
+script made experiments/relation_probe.json on stop 49's 999-step stages, with an MLP probe beside.
+
 Relations stay at chance after every fine-tune of the LiT base, at 111 and at 999 LoRA steps. A text-side
 adapter can only read what the image embedding holds, so this probes the base's pooled image
 embedding for the relation of two-object scenes, against controls on the same embeddings:
@@ -35,6 +38,7 @@ from threadpoolctl import threadpool_limits
 from vlctl.data.scenes import RELATION_MARGIN, load_scenes
 from vlctl.encoders import tiny_pretrained
 from vlctl.encoders.tiny_encoder import TinyCLIPEncoder
+from vlctl.recipes.threevl.lit_probe import pixels
 
 KEY = ("color", "shape", "size", "texture")
 
@@ -79,12 +83,6 @@ def main() -> None:
     result["probes"]["pixels"] = {}
     probe(pixels(train["images"]), pixels(test["images"]), y_tr, y_te, result["probes"]["pixels"], "pixels")
     a.out.write_text(json.dumps(result, indent=1) + "\n")
-
-
-def pixels(images: np.ndarray) -> np.ndarray:
-    x = np.asarray(images, dtype=np.float32) / 255.0
-    n, s = x.shape[0], x.shape[1]
-    return x.reshape(n, 8, s // 8, 8, s // 8, 3).mean(axis=(2, 4)).reshape(n, -1)
 
 
 def probe(x_tr, x_te, y_tr, y_te, out: dict, what: str) -> None:

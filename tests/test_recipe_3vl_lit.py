@@ -229,6 +229,17 @@ def test_recipe_miniature_end_to_end(tmp_path):
     if two.any():
         s = arr["scores_tree_s0__relation_spatial"][two]
         assert r["relation_two_objects"]["tree"] == pytest.approx(100 * np.mean(s[:, 0] > s[:, 1]))
+    # the relation probe: every accuracy recomputed from its arrays, every model and the pixel control probed
+    pa = np.load(out / "arrays" / "relation_probe.npz")
+    pb = r["relation_probe"]
+    assert {"pixels", "base_s0", "tree_s0", "base", "tree"} <= set(pb)
+    for p in ("relation_x", "relation_y", "color_present", "color_left"):
+        y = pa[f"y__{p}"]
+        assert len(pa[f"pred_base_s0__{p}"]) == pb["n_test"][p] == int((y >= 0).sum())
+        if pb["n_test"][p]:
+            assert pb["tree_s0"][p] == pytest.approx(100 * np.mean(pa[f"pred_tree_s0__{p}"] == y[y >= 0]))
+            assert pb["tree"][p] == pb["tree_s0"][p]
+    assert "What the image embedding holds" in report.read_text()
     assert r["answer"]["cause"] in ("tree_wins", "premise_not_reached", "hard_negatives_in_batches",
                                     "relations_not_learnable", "loss_does_not_help")
     text = report.read_text()
@@ -290,5 +301,46 @@ def test_answer_names_the_first_measured_cause():
     r = _results()
     r["accuracy"]["tree"]["attribute_size"] = {"mean": 75.0}  # 5 points below the base: named
     assert answer(cfg, r)[1].endswith("Against the base the tree loss loses 5.0 points on attribute_size.")
+    # the probe's sentence: the relation missing from the base's embedding but read from the pixels
+    r = _results()
+    cell = (lambda x, y: {"relation_x": x, "relation_y": y, "color_present": 100.0, "color_left": 60.0})
+    r["relation_probe"] = {"base": cell(55.0, 52.0), "tree": cell(54.0, 53.0), "pixels": cell(72.0, 74.0),
+                           "majority": cell(51.0, 57.0)}
+    text = answer(cfg, r)[1]
+    assert "base's image embedding at 55.0 / 52.0" in text and "8 x 8 pixels at 72.0 / 74.0" in text
+    assert "missing from the image embedding" in text
+    r["relation_probe"]["pixels"] = cell(60.0, 58.0)  # the pixels read it little better: not named missing
+    assert "missing" not in answer(cfg, r)[1]
     assert answer(cfg, _results(train_rel=80.0))[0] == "loss_does_not_help"
     assert answer(cfg, _results(tree_rel=70.0))[0] == "loss_does_not_help"
+
+
+def test_probe_labels_name_the_relation_by_identity():
+    from vlctl.data.scenes import RELATION_MARGIN, probe_labels
+
+    def obj(color, shape, cx, cy):
+        return {"size": "small", "color": color, "texture": "plain", "shape": shape, "cx": cx, "cy": cy}
+
+    far = 0.2 + RELATION_MARGIN
+    labs = [{"objects": [obj("red", "circle", 0.2, 0.5), obj("blue", "square", 0.2 + far, 0.5)]},
+            {"objects": [obj("blue", "square", 0.2, 0.2), obj("red", "circle", 0.2 + far, 0.2 + far)]},
+            {"objects": [obj("blue", "square", 0.3, 0.3), obj("green", "circle", 0.35, 0.7)]},
+            {"objects": [obj("red", "circle", 0.1, 0.1), obj("red", "star", 0.9, 0.9), obj("blue", "star", .5, .5)]}]
+    y = probe_labels(labs)
+    # the pair sorted by (size, color, texture, shape): the blue object comes first in every scene
+    assert list(y["relation_x"]) == [0, 1, -1, -1]  # blue right of / left of red; third: within the margin
+    assert list(y["relation_y"]) == [-1, 1, 1, -1]  # first: same height; then blue above red, blue above green
+    assert list(y["color_present"]) == [1, 1, 0, -1] and list(y["color_left"]) == [1, 0, -1, -1]
+
+
+def test_linear_probe_reads_a_linear_label_and_degenerate_training_sets():
+    from vlctl.eval.probe import linear_probe
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 6))
+    y = (x[:, 2] - 0.5 * x[:, 4] > 0).astype(np.int64)
+    assert np.mean(linear_probe(x[:200], y[:200], x[200:]) == y[200:]) >= 0.95
+    assert np.mean(linear_probe(x[:200], rng.integers(0, 2, 200), x[200:]) == y[200:]) < 0.8  # labels unrelated
+    assert list(linear_probe(x[:4], np.array([1, 1, 1, 1]), x[4:7])) == [1, 1, 1]  # one class: that class
+    assert len(linear_probe(x[:6], np.array([0, 1, 0, 1, 1, 0]), x[:0])) == 0
+    assert set(linear_probe(x[:5], np.array([0, 1, 1, 1, 1]), x[5:20])) <= {0, 1}  # one row of a class: C = 1

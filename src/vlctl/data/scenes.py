@@ -193,6 +193,30 @@ def caption_holds(structure: dict, objects: list[dict], margin: float = 0.0) -> 
     return False
 
 
+def probe_labels(labels: list[dict], color: str = "red") -> dict[str, np.ndarray]:
+    """Per scene, the label of each probe of what an image embedding holds, -1 where it does not
+    apply; two-object scenes only. In the pair sorted by attribute tuple (a, b): `relation_x` 1 if a
+    lies left of b, 0 if right, by more than RELATION_MARGIN (`relation_y`: above / below), the
+    relation named by identity; controls: `color_present` 1 if an object is `color` (identity, what
+    a contrastive base learns), `color_left` 1 if the one `color` object lies in the left half
+    (position without the other object)."""
+    out: dict[str, list[int]] = {"relation_x": [], "relation_y": [], "color_present": [], "color_left": []}
+    for lab in labels:
+        objs = lab["objects"]
+        if len(objs) != 2:
+            for v in out.values():
+                v.append(-1)
+            continue
+        a, b = sorted(objs, key=_attr_tuple)
+        for axis, name in (("cx", "relation_x"), ("cy", "relation_y")):
+            d = b[axis] - a[axis]
+            out[name].append(int(d > 0) if abs(d) > RELATION_MARGIN else -1)
+        hue = [o for o in objs if o["color"] == color]
+        out["color_present"].append(int(bool(hue)))
+        out["color_left"].append(int(hue[0]["cx"] < 0.5) if len(hue) == 1 else -1)
+    return {k: np.array(v, dtype=np.int64) for k, v in out.items()}
+
+
 # --- drawing -----------------------------------------------------------------------------------
 
 

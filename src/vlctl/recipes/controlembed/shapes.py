@@ -27,6 +27,7 @@ from vlctl.data.shapes import (
     subclass_phrase,
 )
 from vlctl.eval import metrics
+from vlctl.eval.probe import linear_probe as probe_predictions
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
 from vlctl.methods.controlembed.config import DEFAULT_TEMPLATES
 from vlctl.methods.controlembed.estimator import ControlEmbed, UntrainedAttributeWarning, kmeans_labels, normalize_rows
@@ -192,16 +193,8 @@ def cluster_5000_seconds(d: int, k: int = 10, n: int = 5000, n_init: int = 1, se
 
 
 def linear_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray) -> float:
-    """Test accuracy (%) of a multinomial logistic regression on frozen embeddings.
-
-    One BLAS thread: its products are small (10,000 x 64), and OpenBLAS's threads spin-wait for
-    each other; measured on 2 busy cores, 2.3 s with one thread against 105 s with two."""
-    from sklearn.linear_model import LogisticRegression
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1):
-        clf = LogisticRegression(max_iter=2000, C=10.0).fit(train_x, train_y)
-    return 100.0 * float((clf.predict(test_x) == test_y).mean())
+    """Test accuracy (%) of a multinomial logistic regression (C = 10) on frozen embeddings."""
+    return 100.0 * float((probe_predictions(train_x, train_y, test_x, C=10.0) == test_y).mean())
 
 
 def evaluate(cfg: ControlEmbedShapesRecipe, emb_dir: Path, fit_dir: Path, data_dir: Path, out: Path) -> dict:

@@ -22,7 +22,8 @@ of words) and `single_object` (one object's noun phrase against one whose change
 object has: attribute perception without binding). Every model is trained for each of `seeds`;
 accuracies are mean +- std over seeds with a bootstrap 95% interval over test items. Anchor token
 removal (3VL) at `removal_fraction` on the tree models reuses 3vl-scenes' relevancy machinery.
-Stages: data -> trees -> base_s<seed> -> finetune_<mode>_s<seed> -> evaluate -> report.
+Stages: data -> trees -> base_s<seed> -> finetune_<mode>_s<seed> -> evaluate -> relation_probe (lit_probe:
+what each model's image embedding holds of the relation) -> report.
 Statistics, targets, figure, arrays/README.md and report.md: vlctl.recipes.threevl.lit_report.
 """
 
@@ -59,6 +60,7 @@ from vlctl.eval.metrics import in_batch_hard_negatives
 from vlctl.fsops import VlctlError
 from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
 from vlctl.recipes.runner import Runner
+from vlctl.recipes.threevl import lit_probe
 from vlctl.recipes.threevl.lit_report import (
     ARRAYS_README,
     BASE_MODELS,
@@ -401,6 +403,13 @@ def _finetune(cfg: ThreeVLLitRecipe, mode: str, seed: int, base_dir: Path, data_
                                           "final_loss": tuner.result_.final_loss})
 
 
+def _load_model(stage_dir: Path, base: bool):
+    """A base stage's LiT TinyCLIP, or a finetune stage's (`load_tuned`)."""
+    from vlctl.encoders import tiny_pretrained
+
+    return tiny_pretrained.load_pretrained(stage_dir / "model").eval() if base else load_tuned(stage_dir)
+
+
 def load_tuned(stage_dir: Path):
     """The fine-tuned LiT TinyCLIP of a finetune stage (merged ViT adapters + MiniLM adapters)."""
     from vlctl.encoders import tiny_pretrained
@@ -533,14 +542,23 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitReci
     eval_dir = runner.stage("evaluate", eval_key,
                             lambda w: _evaluate(cfg, data_dir, ft_data_dir, base_dirs, ft_dirs, w))
 
+    # What each model's image embedding holds of the relation (lit_probe): why relations do or do not move.
+    probe_models = {**{f"base_s{s}": d for s, d in base_dirs.items()}, **{f"{m}_s{s}": d for (m, s), d in ft_dirs.items()}}
+    probe_key = {"data": data_dir.name, "models": {k: d.name for k, d in probe_models.items()},
+                 "probes": list(lit_probe.PROBES), "pixel_grid": lit_probe.PIXEL_GRID, "probe": "logistic, C by 5-fold CV"}
+    probe_dir = runner.stage("relation_probe", probe_key, lambda w: lit_probe.relation_probe(
+        data_dir, {k: (lambda d=d, k=k: _load_model(d, k.startswith("base_"))) for k, d in probe_models.items()}, w))
+
     arr = np.load(eval_dir / "eval.npz")
     arrays = out / "arrays"
+    probe_arr = dict(np.load(probe_dir / "relation_probe.npz"))
+    atomic_save_npz(arrays / "relation_probe.npz", **probe_arr)
     # objects in each item's scene: relations are learnable where their two objects are the only ones
     test_labels = load_scenes(data_dir / "test")["labels"]
     n_objects = {f"n_objects__{c}": np.array([len(test_labels[it["index"]]["objects"]) for it in its], dtype=np.int64)
                  for c, its in test_items(data_dir, cfg.data_seed).items()}
     atomic_save_npz(arrays / "checklist.npz", **{k: arr[k] for k in arr.files}, **n_objects)
-    atomic_write_text(arrays / "README.md", ARRAYS_README)
+    atomic_write_text(arrays / "README.md", ARRAYS_README + "\n" + lit_probe.ARRAYS_README)
     # The report's numbers come from the saved arrays, not from the stage's memory.
     ev = read_json(eval_dir / "eval.json", "eval.json")
     r = results_from_arrays(np.load(arrays / "checklist.npz"), cfg, ev["pos_tags"])
@@ -556,6 +574,7 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitReci
     ft_labels = load_scenes(ft_data_dir / "finetune")["labels"]
     results["hard_negatives"] = in_batch_hard_negatives([lab["caption"] for lab in ft_labels], cfg.ft_batch_size)
     results["n_train_relation"] = len(checklist_items(ft_labels[:TRAIN_RELATION_ITEMS], "relation_spatial"))
+    results["relation_probe"] = lit_probe.probe_results(np.load(arrays / "relation_probe.npz"))
     results["targets"] = _targets(results)
     cause, text = answer(cfg, results)
     results["answer"] = {"cause": cause, "text": text}

@@ -131,6 +131,7 @@ def results_from_arrays(arr, cfg, pos_tags: dict[str, list[str]]) -> dict:
 MATERIAL_HARD_PAIRS_PER_BATCH = 1.0
 PREMISE_GAIN = 1.0  # contrastive − base below this: more contrastive training teaches the base nothing
 BAG_OF_WORDS = 65.0  # base attribute swap and relation at most this: the base does not bind
+MISSING_FROM_EMBEDDING = 10.0  # probe on pixels − on the base's embedding, mean of both axes: the embedding lost it
 
 
 def premise(r: dict) -> dict[str, bool]:
@@ -168,6 +169,26 @@ def _losses(r: dict) -> str:
             if lost else "")
 
 
+def _probe(r: dict) -> str:
+    """' A linear probe reads ...': what the base's and the tree model's image embeddings hold of the
+    relation (lit_probe), against 8 x 8 pixels and the colour control ('' without the probe)."""
+    pb = r.get("relation_probe")
+    if not pb or "base" not in pb:
+        return ""
+
+    def xy(m: str) -> str:
+        return f"{pb[m]['relation_x']:.1f} / {pb[m]['relation_y']:.1f}"
+
+    gap = [pb["pixels"][p] - pb["base"][p] for p in ("relation_x", "relation_y")]
+    missing = float(np.mean(gap)) >= MISSING_FROM_EMBEDDING
+    return (f" A linear probe reads the relation (left-right / above-below) of the two-object test scenes from the "
+            f"base's image embedding at {xy('base')}, the tree model's at {xy('tree') if 'tree' in pb else 'n/a'} "
+            f"(majority {pb['majority']['relation_x']:.1f} / {pb['majority']['relation_y']:.1f}), from 8 x 8 pixels "
+            f"at {xy('pixels')}; the colour control reads {pb['base']['color_present']:.1f} from the base."
+            + (" The relation is missing from the image embedding the text side reads, not from the images."
+               if missing else ""))
+
+
 def answer(cfg, r: dict) -> tuple[str, str]:
     """(cause, sentence): whether the tree loss wins, or the first measured cause, in the issue's order:
     premise not reached, hard negatives in batches anyway, relations not learnable in the budget,
@@ -200,12 +221,12 @@ def answer(cfg, r: dict) -> tuple[str, str]:
             f"of the test scenes at {a['tree']['relation_spatial']['mean']:.1f}; the premise holds (contrastive "
             f"{cb['mean']:+.1f}) and batches hold {per_batch:.2f} hard pairs each. Tree − {best} "
             f"{tbest['mean']:+.1f} [{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}], tree − base {tb['mean']:+.1f}."
-            + _losses(r))
+            + _probe(r) + _losses(r))
     return "loss_does_not_help", (
         f"The loss itself does not help once the premise holds (contrastive {cb['mean']:+.1f}), batches hold "
         f"{per_batch:.2f} hard pairs each and relations are learnable (tree on its own scenes "
         f"{trel.get('tree', float('nan')):.1f}): tree − {best} {tbest['mean']:+.1f} "
-        f"[{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}], tree − base {tb['mean']:+.1f}." + _losses(r))
+        f"[{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}], tree − base {tb['mean']:+.1f}." + _probe(r) + _losses(r))
 
 
 ARRAYS_README = """# arrays/
@@ -291,6 +312,17 @@ def _report(cfg, r: dict, quick: bool) -> Report:
         rep.text("Relation on the fine-tuning scenes themselves (caption vs. its relation reversed, first "
                  f"{r['n_train_relation']} scenes, mean over seeds): " +
                  ", ".join(f"{m} {v:.1f}" for m, v in r["train_relation"].items()) + ".")
+    pb = r.get("relation_probe")
+    if pb:
+        rep.heading("What the image embedding holds (linear probe, two-object scenes)")
+        rep.text("Logistic regression (C by 5-fold CV) fitted on the train split's scenes, accuracy on the test "
+                 "split's; relation: which of the two objects (sorted by attributes) is left of / above the other; "
+                 "controls: an object is red (identity), the one red object is in the left half (position). Models: "
+                 "pooled image embedding, mean over seeds; pixels: the image average-pooled to 8 x 8 x 3.")
+        models = [m for m in ("pixels", *BASE_MODELS) if m in pb]
+        rep.table(["probe", *models, "majority", "test items"],
+                  [[p, *[pb[m][p] for m in models], pb["majority"][p], pb["n_test"][p]] for p in pb["majority"]],
+                  digits=1)
     rep.heading("Checklist accuracy")
     a = r["accuracy"]
     rows = [[c, *[_fmt(a[m][c]) for m in BASE_MODELS], r["n_items"].get(c, ""),
