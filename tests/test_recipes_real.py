@@ -332,7 +332,28 @@ def test_flags_of_other_recipes_and_encoder_on_demo_are_refused(tmp_path, capsys
                         "--out", str(tmp_path / "o")])
     assert "--clevr4-root is a dataset of controlembed-clevr4, not of tevi-coco" in err
     err = _err(capsys, ["reproduce", "mad-clip", "--encoder", ENC, "--out", str(tmp_path / "o")])
-    assert "--encoder / --recipe-config apply to the real recipes" in err
+    assert "--encoder applies to the real recipes" in err
+    (tmp_path / "cfg.json").write_text('{"seeds": [1]}')
+    err = _err(capsys, ["reproduce", "all", "--recipe-config", str(tmp_path / "cfg.json"), "--out", str(tmp_path / "o")])
+    assert "--recipe-config: name one recipe, not 'all'" in err
+    (tmp_path / "bad.json").write_text('{"seeds": [1, 1]}')
+    err = _err(capsys, ["reproduce", "3vl-lit", "--recipe-config", str(tmp_path / "bad.json"), "--out", str(tmp_path / "o")])
+    assert "seeds" in err and "Traceback" not in err
+
+
+def test_recipe_config_reaches_a_synthetic_recipe(tmp_path, monkeypatch):
+    """{"seeds": [1]} runs seed 1's stages alone: the same stage names and keys as the full run's
+    seed 1, so a second process can fill a shared --stages cache."""
+    from vlctl import recipes
+    from vlctl.recipes.threevl import lit
+
+    got = {}
+    monkeypatch.setattr(recipes, "run_recipe", lambda name, out, **kw: got.update(kw) or Path(out) / "report.md")
+    (tmp_path / "cfg.json").write_text('{"seeds": [1], "threads": 1}')
+    assert main(["reproduce", "3vl-lit", "--recipe-config", str(tmp_path / "cfg.json"), "--out", str(tmp_path)]) == 0
+    full = lit.load_preset(False)
+    assert got["cfg"] == dataclasses.replace(full, seeds=(1,), threads=1)
+    assert lit.base_stage_key(got["cfg"], 1) == lit.base_stage_key(full, 1)
 
 
 def test_all_runs_the_four_demo_recipes_only(tmp_path, monkeypatch):

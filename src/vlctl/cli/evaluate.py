@@ -100,12 +100,13 @@ def reproduce_args(p: argparse.ArgumentParser) -> None:
                    "are cached, from the dataset sizes in the annotation files; run nothing (real recipes)")
     p.add_argument("--stages", default=None, type=out_path("dir"), help="stage cache directory (default OUT/stages); point recipes at the "
                    "same one to share stages, e.g. tevi-mad reuses mad-clip's trained CLIP")
+    p.add_argument("--recipe-config", default=None, metavar="JSON", type=in_path("recipe config JSON", "file"),
+                   help="JSON file of the recipe's config fields, applied over its preset (full by default, "
+                   "--quick: the small one); e.g. {\"sae_epochs\": 5}, or {\"seeds\": [1]} to run one seed's "
+                   "stages into a shared --stages cache beside another process")
     real = p.add_argument_group("real recipes (tevi-coco, controlembed-*, 3vl-coco)")
     real.add_argument("--encoder", default=None, type=text_arg("spec"),
                       help="encoder spec, required by the real recipes: " + " | ".join(SPEC_FORMS))
-    real.add_argument("--recipe-config", default=None, metavar="JSON", type=in_path("recipe config JSON", "file"),
-                      help="JSON file of the recipe's config fields, applied over its preset (full by default, "
-                      "--quick: the small one); e.g. {\"sae_epochs\": 5}")
     add_config_args(real, EncoderRun)
     for field_name, (f, users) in _dataset_fields().items():
         many = typing.get_origin(typing.get_type_hints(_owner(field_name))[field_name]) is tuple
@@ -123,11 +124,8 @@ def _owner(field_name: str) -> type:
 def _real_options(name: str, args: argparse.Namespace) -> dict:
     """encoder=, data=, cfg=, encoder_run= of real recipe `name` from the flags; other recipes' dataset
     flags are refused, naming the recipes that read them."""
-    import importlib
 
-    from vlctl.config import load_config
     from vlctl.fsops import VlctlError
-    from vlctl.recipes import RECIPES
     from vlctl.recipes.real_common import EncoderRun
     from vlctl.recipes.real_data import REAL_RECIPES, flag
 
@@ -139,13 +137,22 @@ def _real_options(name: str, args: argparse.Namespace) -> dict:
                              + " ".join(flag(f) for f in sorted(mine)))
     data = cls(**{f: (tuple(getattr(args, f)) if isinstance(getattr(args, f), list) else getattr(args, f))
                   for f in mine if getattr(args, f, None) is not None})
-    module = importlib.import_module(RECIPES[name].split(":")[0])
-    cfg = module.load_preset(args.quick)
+    return {"encoder": args.encoder, "data": data, "cfg": recipe_config(name, args),
+            "encoder_run": config_from_args(EncoderRun, args)}
+
+
+def recipe_config(name: str, args: argparse.Namespace):
+    """Recipe `name`'s preset (--quick or full) with the fields of --recipe-config over it."""
+    import importlib
+
+    from vlctl.config import load_config
+    from vlctl.recipes import RECIPES
+
+    cfg = importlib.import_module(RECIPES[name].split(":")[0]).load_preset(args.quick)
     if args.recipe_config:
         over = load_config(type(cfg), args.recipe_config)
-        given = read_json_fields(args.recipe_config)
-        cfg = dataclasses.replace(cfg, **{k: getattr(over, k) for k in given})
-    return {"encoder": args.encoder, "data": data, "cfg": cfg, "encoder_run": config_from_args(EncoderRun, args)}
+        cfg = dataclasses.replace(cfg, **{k: getattr(over, k) for k in read_json_fields(args.recipe_config)})
+    return cfg
 
 
 def read_json_fields(path: str) -> list[str]:
@@ -171,10 +178,13 @@ def reproduce(args: argparse.Namespace) -> dict:
 
     names = list(DEMO) if args.name == "all" else [args.name]
     real = args.name in REAL_RECIPES
-    if not real and (args.encoder or args.recipe_config):
-        raise VlctlError(f"--encoder / --recipe-config apply to the real recipes ({', '.join(REAL_RECIPES)}); "
+    if not real and args.encoder:
+        raise VlctlError(f"--encoder applies to the real recipes ({', '.join(REAL_RECIPES)}); "
                          f"{args.name} generates its data and trains its own TinyCLIP")
-    options = _real_options(args.name, args) if real else {}
+    if args.name == "all" and args.recipe_config:
+        raise VlctlError("--recipe-config: name one recipe, not 'all' (each recipe has its own config fields)")
+    options = _real_options(args.name, args) if real else (
+        {"cfg": recipe_config(args.name, args)} if args.recipe_config else {})
     if args.plan:
         from vlctl.recipes.plan import plan
 
