@@ -403,15 +403,9 @@ def _finetune(cfg: ThreeVLLitRecipe, mode: str, seed: int, base_dir: Path, data_
                                           "final_loss": tuner.result_.final_loss})
 
 
-def _load_model(stage_dir: Path, base: bool):
-    """A base stage's LiT TinyCLIP, or a finetune stage's (`load_tuned`)."""
-    from vlctl.encoders import tiny_pretrained
-
-    return tiny_pretrained.load_pretrained(stage_dir / "model").eval() if base else load_tuned(stage_dir)
-
-
 def load_tuned(stage_dir: Path):
-    """The fine-tuned LiT TinyCLIP of a finetune stage (merged ViT adapters + MiniLM adapters)."""
+    """The fine-tuned LiT TinyCLIP of a finetune stage (merged ViT adapters + MiniLM adapters); of a
+    base stage (no adapters), its base."""
     from vlctl.encoders import tiny_pretrained
     from vlctl.methods.threevl.lora import MINILM_LORA_INFO, load_minilm_lora
 
@@ -546,8 +540,8 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitReci
     probe_models = {**{f"base_s{s}": d for s, d in base_dirs.items()}, **{f"{m}_s{s}": d for (m, s), d in ft_dirs.items()}}
     probe_key = {"data": data_dir.name, "models": {k: d.name for k, d in probe_models.items()},
                  "probes": list(lit_probe.PROBES), "pixel_grid": lit_probe.PIXEL_GRID, "probe": "logistic, C by 5-fold CV"}
-    probe_dir = runner.stage("relation_probe", probe_key, lambda w: lit_probe.relation_probe(
-        data_dir, {k: (lambda d=d, k=k: _load_model(d, k.startswith("base_"))) for k, d in probe_models.items()}, w))
+    probe_dir = runner.stage("relation_probe", probe_key,
+                             lambda w: lit_probe.relation_probe(data_dir, probe_models, load_tuned, w))
 
     arr = np.load(eval_dir / "eval.npz")
     arrays = out / "arrays"

@@ -13,6 +13,7 @@ every accuracy (ARRAYS_README).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -53,16 +54,17 @@ def _embed(model, images: np.ndarray, batch: int = 1024) -> np.ndarray:
                                for i in range(0, len(images), batch)])
 
 
-def relation_probe(data_dir: Path, models: dict, work: Path) -> None:
-    """Write work/relation_probe.npz: `models` maps a name to a callable returning its TinyCLIP."""
+def relation_probe(data_dir: Path, models: dict[str, Path], load: Callable, work: Path) -> None:
+    """Write work/relation_probe.npz: `models` maps a name to a stage directory, `load(directory)`
+    returns its TinyCLIP."""
     train, test = load_scenes(data_dir / "train"), load_scenes(data_dir / "test")
     y_tr, y_te = probe_labels(train["labels"]), probe_labels(test["labels"])
     arrays = {f"y__{p}": y_te[p] for p in PROBES}
 
     def features():  # one model's embeddings in memory at a time
         yield "pixels", pixels(train["images"]), pixels(test["images"])
-        for name, load in models.items():
-            model = load()
+        for name, directory in models.items():
+            model = load(directory)
             yield name, _embed(model, train["images"]), _embed(model, test["images"])
 
     for name, x_tr, x_te in features():
