@@ -122,6 +122,13 @@ def test_leakage_and_seeds_recompute_for_every_variant(tiny_run):
         assert ms["retrieval"]["t2i@1"]["mean"] == pytest.approx((r["variants"][v]["retrieval"]["tevi"]["t2i@1"] + t2i1) / 2)
     md = (out / "report.md").read_text()
     assert "Follows image: worst category" in md and "Mean +- std over seeds [0, 1]" in md
+    # the side-by-side table over the seeds: each SAE's row carries its seeds' mean +- std
+    assert "The same over seeds [0, 1], mean +- std" in md
+    for v in tevi_mad.fitted_variants(TINY):
+        sm, rs = r["seeds"][v]["summary"], r["seeds"][v]["retrieval"]
+        row = next(line for line in md.splitlines() if line.startswith(f"| {mad_report.TITLES[v][0]} | ")
+                   and "+-" in line)
+        assert mad_report._pm(sm["follows_image_min"]) in row and mad_report._pm(rs["t2i@1"]) in row
 
 
 def test_contradicting_partners_by_hand():
