@@ -78,17 +78,13 @@ def probe_results(arr) -> dict:
     """{model: {probe: accuracy %}, "majority": {probe: %}, "n_test": {probe: n}} from relation_probe.npz;
     a model trained with several seeds (`<model>_s<seed>`) also gets `<model>`: the mean over its seeds."""
     out: dict[str, dict] = {"majority": {}, "n_test": {}}
-    for p in PROBES:
-        y = arr[f"y__{p}"]
-        y = y[y >= 0]
+    labels = {p: arr[f"y__{p}"][arr[f"y__{p}"] >= 0] for p in PROBES}  # the test rows each probe applies to
+    for p, y in labels.items():
         out["majority"][p] = 100.0 * max(float(y.mean()), 1.0 - float(y.mean())) if len(y) else float("nan")
         out["n_test"][p] = len(y)
     names = sorted({k[len("pred_"):].split("__")[0] for k in arr.files if k.startswith("pred_")})
     for name in names:
-        out[name] = {}
-        for p in PROBES:
-            y = arr[f"y__{p}"]
-            out[name][p] = 100.0 * float(np.mean(arr[f"pred_{name}__{p}"] == y[y >= 0]))
+        out[name] = {p: 100.0 * float(np.mean(arr[f"pred_{name}__{p}"] == y)) for p, y in labels.items()}
     seeded: dict[str, list[str]] = {}
     for name in names:
         if "_s" in name and name.rsplit("_s", 1)[1].isdigit():
