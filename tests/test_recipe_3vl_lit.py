@@ -12,11 +12,14 @@ import torch
 from vlctl.data.scenes import (
     ATTRIBUTES,
     CHECKLIST_CATEGORIES,
+    RELATION_MARGIN,
     ScenesConfig,
     alt_text_caption,
     alt_text_captions,
     caption_holds,
     make_sample,
+    place_caption,
+    place_captions,
 )
 from vlctl.fsops import VlctlError
 from vlctl.recipes import DEMO, RECIPES
@@ -184,6 +187,24 @@ def test_alt_text_true_of_the_scene_and_deterministic():
             assert words & values <= present  # names only what the scene has
     rng = np.random.default_rng(0)
     assert isinstance(alt_text_caption(labels[0]["objects"], rng), str)
+
+
+def test_place_caption_names_an_object_where_it_is():
+    labels = _labels(40, "train")
+    caps = place_captions(labels, seed=0)
+    assert caps == place_captions(labels, seed=0) and caps != place_captions(labels, seed=1)
+    side = {"on the left": ("cx", False), "on the right": ("cx", True), "at the top": ("cy", False),
+            "at the bottom": ("cy", True)}
+    for lab, c in zip(labels, caps):
+        if c is None:  # no object lies off the middle by the margin on either axis
+            assert all(abs(o[a] - 0.5) <= RELATION_MARGIN for o in lab["objects"] for a in ("cx", "cy"))
+            continue
+        _, color, shape, *place = c.split()
+        axis, high = side[" ".join(place)]
+        assert any(o["color"] == color and o["shape"] == shape and abs(o[axis] - 0.5) > RELATION_MARGIN
+                   and (o[axis] > 0.5) == high for o in lab["objects"])
+    centred = [{"cx": 0.5, "cy": 0.55, "color": "red", "shape": "circle"}]
+    assert place_caption(centred, np.random.default_rng(0)) is None
 
 
 def test_statistics():

@@ -551,3 +551,28 @@ def alt_text_captions(labels: list[dict], seed: int, per_scene: int = 1) -> list
     depends only on (seed, i, k)."""
     return [[alt_text_caption(lab["objects"], np.random.default_rng([seed, 0xA17, i, k])) for k in range(per_scene)]
             for i, lab in enumerate(labels)]
+
+
+PLACES = {("cx", 0): "on the left", ("cx", 1): "on the right", ("cy", 0): "at the top", ("cy", 1): "at the bottom"}
+
+
+def place_caption(objects: list[dict], rng: np.random.Generator) -> str | None:
+    """One object named with its colour, shape and absolute place: "a red circle on the left", on
+    the axis where its centre lies farthest from the middle, by more than RELATION_MARGIN; None if no
+    object does. A bag-of-words text tower tells "red ... left" from "red ... right", so a base
+    pre-trained on these keeps where each colour is, from which a relation between two objects is
+    readable, while still scoring "a left of b" and its swap alike (docs/findings.md, 3vl-lit)."""
+    placed = []
+    for o in objects:
+        axis = max(("cx", "cy"), key=lambda a: abs(o[a] - 0.5))
+        if abs(o[axis] - 0.5) > RELATION_MARGIN:
+            placed.append((o, PLACES[(axis, int(o[axis] > 0.5))]))
+    if not placed:
+        return None
+    o, place = placed[int(rng.integers(len(placed)))]
+    return f"a {o['color']} {o['shape']} {place}"
+
+
+def place_captions(labels: list[dict], seed: int) -> list[str | None]:
+    """`place_caption` of each scene; scene i's depends only on (seed, i)."""
+    return [place_caption(lab["objects"], np.random.default_rng([seed, 0x9A1, i])) for i, lab in enumerate(labels)]

@@ -52,6 +52,7 @@ from vlctl.data.scenes import (
     load_checklist,
     load_scenes,
     noun_phrase,
+    place_captions,
     render_caption,
     vocabulary,
 )
@@ -90,8 +91,10 @@ class ThreeVLLitRecipe:
     alt_per_scene: int = opt(2, "alt-text captions per train scene (base_captions 'alt')", ge=1, le=100)
     base_captions: str = opt("alt", "what the base is pre-trained on: the train scenes' 'full' captions (the "
                              "fine-tuning split's caption distribution: the paper's premise, a base already "
-                             "converged on it) or 'alt' texts (random unbound subsets of objects and attributes)",
-                             choices=("full", "alt"), added=True)
+                             "converged on it), 'alt' texts (random unbound subsets of objects and attributes) or "
+                             "'full+place': the full captions and one object per scene named with its absolute "
+                             "place ('a red circle on the left', so the image embedding keeps where things are)",
+                             choices=("full", "alt", "full+place"), added=True)
     n_finetune: int = opt(1500, "finetune-split scenes (LoRA fine-tuning on their full captions)", ge=1, le=10**7)
     ft_p_three: float = opt(0.4, "probability that a finetune-split scene has 3 objects (0: two-object scenes only, "
                             "where a relation names the only two objects; docs/findings.md)", ge=0, le=1)
@@ -358,8 +361,12 @@ def _base(cfg: ThreeVLLitRecipe, seed: int, data_dir: Path, work: Path, resume: 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     d = load_scenes(data_dir / "train")
-    if cfg.base_captions == "full":  # the fine-tuning split's caption distribution, one caption per scene
+    if cfg.base_captions in ("full", "full+place"):  # the fine-tuning split's caption distribution
         captions, images = [lab["caption"] for lab in d["labels"]], np.asarray(d["images"])
+        if cfg.base_captions == "full+place":
+            place = place_captions(d["labels"], cfg.data_seed)
+            keep = [i for i, c in enumerate(place) if c is not None]
+            captions, images = captions + [place[i] for i in keep], np.concatenate([images, images[keep]])
     else:
         alt = read_json(data_dir / "alt_text.json", "alt_text.json")
         captions = [c for per in alt for c in per]
