@@ -3,6 +3,7 @@ miniature run end to end (real data, LiT base, three LoRA fine-tunes, Anchor rem
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -25,6 +26,7 @@ from vlctl.fsops import VlctlError
 from vlctl.recipes import DEMO, RECIPES
 from vlctl.recipes.threevl.lit import (
     ThreeVLLitRecipe,
+    base_pairs,
     checked_tree,
     extra_items,
     lit_config,
@@ -205,6 +207,14 @@ def test_place_caption_names_an_object_where_it_is():
                    and (o[axis] > 0.5) == high for o in lab["objects"])
     centred = [{"cx": 0.5, "cy": 0.55, "color": "red", "shape": "circle"}]
     assert place_caption(centred, np.random.default_rng(0)) is None
+    # the base's pairs: the full captions, then each placed scene's place caption beside its image
+    images = np.arange(len(labels) * 12, dtype=np.uint8).reshape(len(labels), 2, 2, 3)
+    full_caps, full_imgs = base_pairs(dataclasses.replace(MINI, base_captions="full"), labels, images)
+    assert full_caps == [lab["caption"] for lab in labels] and full_imgs is images
+    caps_p, imgs_p = base_pairs(dataclasses.replace(MINI, base_captions="full+place"), labels, images)
+    placed = [i for i, c in enumerate(caps) if c is not None]
+    assert caps_p == full_caps + [caps[i] for i in placed]
+    assert np.array_equal(imgs_p, np.concatenate([images, images[placed]]))
 
 
 def test_statistics():

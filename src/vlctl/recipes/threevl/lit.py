@@ -347,6 +347,20 @@ def _trees(cfg: ThreeVLLitRecipe, data_dir: Path, work: Path) -> None:
                                             "seconds": time.perf_counter() - t0, "n_unique": len(uniq)})
 
 
+def base_pairs(cfg: ThreeVLLitRecipe, labels: list[dict], images: np.ndarray,
+               alt: list[list[str]] | None = None) -> tuple[list[str], np.ndarray]:
+    """The base's pre-training pairs from the train scenes, as `cfg.base_captions` says (`alt`: the
+    data stage's alt_text.json, for 'alt'): captions (n_pairs,) and images (n_pairs, H, W, 3)."""
+    if cfg.base_captions == "alt":
+        return [c for per in alt for c in per], np.repeat(images, cfg.alt_per_scene, axis=0)
+    captions = [lab["caption"] for lab in labels]  # the fine-tuning split's caption distribution
+    if cfg.base_captions == "full+place":
+        place = place_captions(labels, cfg.data_seed)
+        keep = [i for i, c in enumerate(place) if c is not None]
+        return captions + [place[i] for i in keep], np.concatenate([images, images[keep]])
+    return captions, images
+
+
 _SHARED_SENTENCE_CACHE: dict = {}  # frozen MiniLM sentence embeddings, shared by the seeds' bases
 
 
@@ -361,16 +375,8 @@ def _base(cfg: ThreeVLLitRecipe, seed: int, data_dir: Path, work: Path, resume: 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     d = load_scenes(data_dir / "train")
-    if cfg.base_captions in ("full", "full+place"):  # the fine-tuning split's caption distribution
-        captions, images = [lab["caption"] for lab in d["labels"]], np.asarray(d["images"])
-        if cfg.base_captions == "full+place":
-            place = place_captions(d["labels"], cfg.data_seed)
-            keep = [i for i, c in enumerate(place) if c is not None]
-            captions, images = captions + [place[i] for i in keep], np.concatenate([images, images[keep]])
-    else:
-        alt = read_json(data_dir / "alt_text.json", "alt_text.json")
-        captions = [c for per in alt for c in per]
-        images = np.repeat(np.asarray(d["images"]), cfg.alt_per_scene, axis=0)
+    alt = read_json(data_dir / "alt_text.json", "alt_text.json") if cfg.base_captions == "alt" else None
+    captions, images = base_pairs(cfg, d["labels"], np.asarray(d["images"]), alt)
     model = tiny_model.create_model(lit_config(cfg), seed=seed)
     model.text.share_cache(_SHARED_SENTENCE_CACHE)
     loop = LoopConfig(epochs=cfg.base_epochs, batch_size=cfg.base_batch_size, lr=cfg.base_lr, weight_decay=0.1,
