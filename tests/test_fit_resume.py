@@ -1,5 +1,5 @@
-"""ControlEmbed's hypernetwork fit and TEVI's mask fit resume from their checkpoints to exactly the
-uninterrupted fit (weights bit for bit, the final logged loss, the log's last line), after a cut
+"""ControlEmbed's hypernetwork fit, TEVI's mask fit and 3VL's LoRA fine-tune resume from their
+checkpoints to exactly the uninterrupted fit (weights bit for bit, the final logged loss, the log's last line), after a cut
 (`stop_after_steps`, as a preempted job) and after a SIGKILL inside a checkpoint write (a child
 process killed by the fault hook, `vlctl.fsops`: once before the new checkpoint is complete, so
 the previous one stays, once in the swap's last rename, so the new one is restored); and they
@@ -82,8 +82,26 @@ def tevi_fit(out_dir, resume: bool = False, sae_seed: int = 0, **cfg):
     return est.fit(x, t, sae=sae, checkpoint_every=EVERY, resume=resume)
 
 
+def tree_fit(out_dir, resume: bool = False, **cfg):
+    """3VL's tree-loss LoRA fine-tune of a tiny TinyCLIP: 16 pairs in batches of 4, 15 epochs = STEPS."""
+    from vlctl.encoders import tiny_config, tiny_model
+    from vlctl.methods.threevl.tree_tune import TreeTuner
+
+    vocab = ("a", "red", "blue", "circle", "square", "left", "right", "of")
+    model = tiny_model.create_model(tiny_config.TinyCLIPConfig(
+        name="t", image_size=16, patch_size=4, vision_width=16, vision_layers=1, vision_heads=2, text_width=16,
+        text_layers=1, text_heads=2, context_length=10, vocab=vocab, embed_dim=8), seed=0)
+    images = np.random.default_rng(0).integers(0, 255, (16, 16, 16, 3), dtype=np.uint8)
+    caps = ["a red circle left of a blue square", "a blue square", "a red square", "a blue circle"] * 4
+    trees = [[{"positive": c, "negatives": [c.replace("red", "blue") if "red" in c else c.replace("blue", "red")]}]
+             for c in caps]
+    est = TreeTuner(**{"mode": "tree", "epochs": 15, "batch_size": 4, "lr": 1e-2, "warmup_steps": 0, "rank": 2, **cfg})
+    return est.fit(images, caps, model=model, out_dir=out_dir, trees=trees, checkpoint_every=EVERY, resume=resume)
+
+
 FITS = {"controlembed": (ce_fit, lambda est: est.hypernet_, lambda est: est.final_loss_),
-        "tevi": (tevi_fit, lambda est: est.mask_, None)}
+        "tevi": (tevi_fit, lambda est: est.mask_, None),
+        "tree": (tree_fit, lambda est: est.model_, lambda est: est.final_loss_)}
 
 
 def _weights(module) -> dict:
@@ -200,6 +218,8 @@ def checkpoints(tmp_path_factory):
     ("tevi", {"lr": 2e-2}, "run.tevi.lr"),
     ("tevi", {"conditioning": "positive"}, "run.tevi.conditioning"),
     ("tevi", {"sae_seed": 1}, "run.sae"),
+    ("tree", {"lr": 2e-2}, "run.tree_tune.lr"),
+    ("tree", {"level_reduction": "mean"}, "run.tree_tune.level_reduction"),
 ])
 def test_a_checkpoint_of_another_fit_is_refused(checkpoints, kind, change, field):
     fit = FITS[kind][0]

@@ -222,11 +222,12 @@ class TreeTuner(Estimator):
 
     def fit(self, source: Any, captions: Sequence[str] | None = None, *, model: nn.Module,
             trees: Sequence[list[dict]] | None = None, negatives: Sequence[str | None] | None = None,
-            out_dir: str | Path | None = None, resume: bool = False) -> TreeTuner:
+            out_dir: str | Path | None = None, checkpoint_every: int = 0, resume: bool = False) -> TreeTuner:
         """images (N, S, S, 3) uint8 and captions (N,) (`source`, see the class docstring); trees (N,)
         for mode 'tree'; negatives (N,) (None = no negative for that caption) for 'negclip'. `model`
         is modified (adapters added). out_dir: the loop's run directory (default: the constructor's;
-        a temporary one when neither is given), which `resume` continues."""
+        a temporary one when neither is given), where `checkpoint_every` (steps) writes the loop's
+        checkpoint and which `resume` continues, to the weights of the uninterrupted fit."""
         import tempfile
 
         from vlctl.encoders import tiny_model
@@ -240,8 +241,8 @@ class TreeTuner(Estimator):
         cfg = self.config
         n = len(captions)
         out_dir = out_dir if out_dir is not None else self.out_dir
-        if out_dir is None and resume:
-            raise VlctlError("TreeTuner.fit: resume needs the out_dir of the run to continue")
+        if out_dir is None and (resume or checkpoint_every):
+            raise VlctlError("TreeTuner.fit: checkpoint_every / resume need the out_dir of the run")
         self.base_id_ = self.encoder_id_ = tiny_model.encoder_id(model)
         lit = is_lit(model)
         with torch.random.fork_rng(devices=[]):
@@ -289,7 +290,7 @@ class TreeTuner(Estimator):
 
         loop = LoopConfig(epochs=cfg.epochs, batch_size=min(cfg.batch_size, n), lr=cfg.lr,
                           weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps, seed=cfg.seed,
-                          threads=cfg.threads, progress=self.progress, log_every=10)
+                          threads=cfg.threads, progress=self.progress, log_every=10, checkpoint_every=checkpoint_every)
         params = list(lora_parameters(model).values()) + list(minilm_lora_parameters(model).values())
         groups = [{"params": params, "lr": cfg.lr, "weight_decay": cfg.weight_decay}]
         # As recorded before `device` was a field, so a run checkpointed then still resumes.

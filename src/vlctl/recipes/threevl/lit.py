@@ -392,7 +392,7 @@ def _base(cfg: ThreeVLLitRecipe, seed: int, data_dir: Path, work: Path, resume: 
 
 
 def _finetune(cfg: ThreeVLLitRecipe, mode: str, seed: int, base_dir: Path, data_dir: Path, trees_dir: Path,
-              work: Path) -> None:
+              work: Path, resume: bool = False) -> None:
     import torch
 
     from vlctl.encoders import tiny_pretrained
@@ -409,8 +409,9 @@ def _finetune(cfg: ThreeVLLitRecipe, mode: str, seed: int, base_dir: Path, data_
                       warmup_steps=cfg.ft_warmup_steps, max_levels=cfg.max_levels, max_negatives=cfg.max_negatives,
                       seed=seed, threads=cfg.threads, towers=cfg.towers, minilm_layers=cfg.minilm_layers,
                       patch_dropout=cfg.ft_patch_dropout)
+    # checkpoints: a killed fine-tune (the full preset's tree loss takes about an hour) continues
     tuner.fit(d["images"], [lab["caption"] for lab in d["labels"]], model=model, out_dir=work / "run",
-              trees=t["trees"], negatives=t["negatives"])
+              trees=t["trees"], negatives=t["negatives"], checkpoint_every=100, resume=resume)
     tuner.save(work)
     atomic_write_json(work / "fit.json", {"seconds": time.perf_counter() - t0, "steps": tuner.result_.steps,
                                           "final_loss": tuner.result_.final_loss})
@@ -542,7 +543,8 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitReci
         for mode in FT_MODES:
             ft_dirs[(mode, seed)] = runner.stage(
                 f"finetune_{mode}_s{seed}", finetune_stage_key(cfg, mode, base_key, keys),
-                lambda w, mode=mode, seed=seed: _finetune(cfg, mode, seed, base_dirs[seed], ft_data_dir, trees_dir, w))
+                lambda w, r, mode=mode, seed=seed: _finetune(cfg, mode, seed, base_dirs[seed], ft_data_dir, trees_dir,
+                                                             w, r), resumable=True)
     eval_key = {"models": {f"{m}_s{s}": d.name for (m, s), d in ft_dirs.items()},
                 "bases": {s: d.name for s, d in base_dirs.items()}, "train_relation_items": TRAIN_RELATION_ITEMS,
                 **{f: getattr(cfg, f) for f in ("n_relevancy", "removal_fraction")}}
