@@ -15,6 +15,7 @@ from vlctl.encoders import tiny_config, tiny_model
 from vlctl.encoders.base import Encoder
 from vlctl.encoders.factory import load_encoder
 from vlctl.encoders.loss import clip_loss
+from vlctl.encoders.minilm import rows_to_compute
 from vlctl.encoders.tiny_config import MAD_VALUES, TinyCLIPConfig, list_configs
 from vlctl.encoders.tiny_encoder import TinyCLIPEncoder, load_tiny_encoder
 from vlctl.encoders.tiny_model import create_model, image_transform, preprocess_batch
@@ -437,6 +438,17 @@ def test_load_refuses_mismatches(tmp_path):
 # ------------------------------------------------------------------------------ MiniLM tower
 
 
+def _row_keys(tok: torch.Tensor) -> list[bytes]:
+    return [row[row != PAD_ID].numpy().tobytes() for row in tok]
+
+
+def test_rows_to_compute_clears_a_full_cache_and_keeps_the_batch_whole():
+    cache = {b"a": 1, b"b": 2}
+    assert rows_to_compute(cache, [b"a", b"c", b"c"], 4) == {b"c": 1} and len(cache) == 2
+    assert rows_to_compute(cache, [b"a", b"c", b"d"], 3) == {b"a": 0, b"c": 1, b"d": 2} and cache == {}
+    assert rows_to_compute({b"a": 1}, [b"a"], 1) == {}
+
+
 def test_minilm_tower_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
@@ -449,6 +461,13 @@ def test_minilm_tower_offline(tmp_path, monkeypatch):
     torch.testing.assert_close(feats.norm(dim=-1), torch.ones(3))
     assert (feats[0] - feats[1]).abs().max() > 1e-2 and torch.equal(feats[0], feats[2])
     assert len(m.text._cache) == 2  # one entry per distinct text
+    # A full cache is cleared before a batch that would overflow it, and the batch's rows that were
+    # cached are computed again (a batch once read an entry the clearing had just evicted).
+    m.text.cache_size = 3
+    more = m.tokenize(["3 - blue - large", "red - thinning", "no swelling - 5"])
+    again = m.text.sentence_features(more)
+    assert len(m.text._cache) == 3 and all(k in m.text._cache for k in rows_to_compute({}, _row_keys(more), 9))
+    torch.testing.assert_close(again[0], feats[1])
     img, txt, _ = m(preprocess_batch(np.zeros((3, 28, 28, 3), np.uint8)), texts)
     assert txt.shape == (3, 32) and not torch.allclose(txt[0], txt[1])
     # only the projection trains

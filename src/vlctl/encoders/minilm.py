@@ -122,14 +122,9 @@ class MiniLMText(nn.Module):
         cpu = tokens.detach().cpu()
         lengths = (cpu != PAD_ID).sum(dim=1).tolist()
         keys = [cpu[i, : lengths[i]].numpy().tobytes() for i in range(len(lengths))]
-        first_row: dict[bytes, int] = {}
-        for i, k in enumerate(keys):
-            if k not in self._cache:
-                first_row.setdefault(k, i)
+        first_row = rows_to_compute(self._cache, keys, self.cache_size)
         missing = list(first_row)
         if missing:
-            if len(self._cache) + len(missing) > self.cache_size:
-                self._cache.clear()
             rows = list(first_row.values())
             length = max(lengths[i] for i in rows)
             ids = cpu[rows, :length].to(self.proj.weight.device)
@@ -204,6 +199,22 @@ def minilm_lora_targets(first_layer: int, n_layers: int) -> str:
 _PREFIX_CACHES: dict[int, dict[bytes, torch.Tensor]] = {}
 
 
+def rows_to_compute(cache: dict, keys: list[bytes], cache_size: int) -> dict[bytes, int]:
+    """{key: first row index} of the batch's `keys` that `cache` lacks. When they would take it past
+    `cache_size`, the cache is cleared first and every distinct key of the batch is returned, so a
+    batch never reads an entry the clearing evicted."""
+    first_row: dict[bytes, int] = {}
+    for i, k in enumerate(keys):
+        if k not in cache:
+            first_row.setdefault(k, i)
+    if first_row and len(cache) + len(first_row) > cache_size:
+        cache.clear()
+        first_row = {}
+        for i, k in enumerate(keys):
+            first_row.setdefault(k, i)
+    return first_row
+
+
 class MiniLMLoRA:
     """peft LoRA adapters on the attention of the last `n_layers` BERT layers of a MiniLMText's
     backbone, and the forward pass that trains them.
@@ -260,13 +271,8 @@ class MiniLMLoRA:
         cpu = ids.detach().cpu()
         lengths = attention.sum(dim=1).tolist()
         keys = [cpu[i, : lengths[i]].numpy().tobytes() for i in range(len(lengths))]
-        first_row: dict[bytes, int] = {}
-        for i, k in enumerate(keys):
-            if k not in self.prefix_cache:
-                first_row.setdefault(k, i)
+        first_row = rows_to_compute(self.prefix_cache, keys, self.cache_size)
         if first_row:
-            if len(self.prefix_cache) + len(first_row) > self.cache_size:
-                self.prefix_cache.clear()
             rows = list(first_row.values())
             sub_ids, sub_att = ids[rows], attention[rows]
             h = self.bert.embeddings(input_ids=sub_ids, token_type_ids=torch.zeros_like(sub_ids))
