@@ -249,6 +249,12 @@ def test_recipe_miniature_end_to_end(tmp_path):
     acc = {m: np.mean([100 * np.mean(arr[f"scores_{m}_s0__{c}"][:, 0] > arr[f"scores_{m}_s0__{c}"][:, 1])
                        for c in CHECKLIST_CATEGORIES]) for m in BASE_MODELS}
     assert r["paired"]["contrastive_minus_base"]["mean"] == pytest.approx(acc["contrastive"] - acc["base"])
+    swap = {m: 100 * np.mean(arr[f"scores_{m}_s0__attribute_swap"][:, 0] > arr[f"scores_{m}_s0__attribute_swap"][:, 1])
+            for m in BASE_MODELS}
+    ps = r["paired_swap"]
+    assert ps["best_baseline"] == max(("contrastive", "negclip"), key=swap.get)
+    assert ps["tree_minus_best_baseline"]["mean"] == pytest.approx(swap["tree"] - swap[ps["best_baseline"]])
+    assert ps["tree_minus_base"]["ci95"][0] <= swap["tree"] - swap["base"] <= ps["tree_minus_base"]["ci95"][1]
     lo, hi = r["paired"]["tree_minus_base"]["ci95"]
     assert lo <= acc["tree"] - acc["base"] <= hi
     rel = arr["train_relation_tree_s0"]
@@ -344,6 +350,14 @@ def test_answer_names_the_first_measured_cause():
     assert "missing" not in answer(cfg, r)[1]
     assert answer(cfg, _results(train_rel=80.0))[0] == "loss_does_not_help"
     assert answer(cfg, _results(tree_rel=70.0))[0] == "loss_does_not_help"
+    # binding: the tree's paired gain on attribute swap, and the headroom the base leaves on the average
+    r = _results(base=88.0, swap=64.0)
+    r["paired_swap"] = {"best_baseline": "negclip", "tree_minus_base": {"mean": 20.5},
+                        "tree_minus_best_baseline": {"mean": 7.5, "ci95": [5.25, 9.75]}}
+    text = answer(cfg, r)[1]
+    assert ("On attribute swap (the same words bound differently, outside the five-category average), base 64.0, "
+            "the tree loss gains +20.5 over the base and +7.5 [+5.2, +9.8] over negclip. The base leaves 12.0 points "
+            "of headroom on the average, 10.0 of them on relation.") in text
 
 
 def test_probe_labels_name_the_relation_by_identity():
