@@ -1,9 +1,9 @@
 """ControlEmbed's hypernetwork fit, TEVI's mask fit and 3VL's LoRA fine-tune resume from their
-checkpoints to exactly the uninterrupted fit (weights bit for bit, the final logged loss, the log's last line), after a cut
-(`stop_after_steps`, as a preempted job) and after a SIGKILL inside a checkpoint write (a child
-process killed by the fault hook, `vlctl.fsops`: once before the new checkpoint is complete, so
-the previous one stays, once in the swap's last rename, so the new one is restored); and they
-refuse a checkpoint of another config, encoder, data or SAE.
+checkpoints to exactly the uninterrupted fit (weights bit for bit, the final logged loss, the log's
+last line), after a cut (`stop_after_steps`, as a preempted job) and after a SIGKILL inside a
+checkpoint write (a child process killed by the fault hook, `vlctl.fsops`: once before the new
+checkpoint is complete, so the previous one stays, once in the swap's last rename, so the new one is
+restored); and they refuse a checkpoint of another config, encoder, data or SAE.
 
 Sizes: 60 steps (the loop logs every 50), checkpoints every 25; the kills hit the save at step 50.
 """

@@ -559,9 +559,10 @@ PLACES = {("cx", 0): "on the left", ("cx", 1): "on the right", ("cy", 0): "at th
 def place_caption(objects: list[dict], rng: np.random.Generator) -> str | None:
     """One object named with its colour, shape and absolute place: "a red circle on the left", on
     the axis where its centre lies farthest from the middle, by more than RELATION_MARGIN; None if no
-    object does. A bag-of-words text tower tells "red ... left" from "red ... right", so a base
-    pre-trained on these keeps where each colour is, from which a relation between two objects is
-    readable, while still scoring "a left of b" and its swap alike (docs/findings.md, 3vl-lit)."""
+    object does. A bag-of-words text tower tells "red ... left" from "red ... right", so pre-training
+    on these rewards an image embedding that keeps where each colour is, while the text side still
+    scores "a left of b" and its swap alike (3vl-lit's `full+place`; measured in docs/findings.md:
+    it raised the relation probe little and relations stayed at chance)."""
     placed = []
     for o in objects:
         axis = max(("cx", "cy"), key=lambda a: abs(o[a] - 0.5))

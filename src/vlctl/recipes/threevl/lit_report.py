@@ -309,12 +309,12 @@ def _report(cfg, r: dict, quick: bool) -> Report:
     if not all(held.values()):
         rep.text("The premise does not hold on this run: the comparison below does not test the paper's claim.")
     h = r["hard_negatives"]
-    base_src = {"full": f"the full captions of {cfg.n_train:,} train scenes (the fine-tuning split's caption "
-                        f"distribution, configurations disjoint)",
-                "full+place": f"the full captions of {cfg.n_train:,} train scenes (the fine-tuning split's caption "
-                              f"distribution, configurations disjoint) and one object of each named with its "
-                              f"absolute place ('a red circle on the left')",
-                "alt": f"{cfg.alt_per_scene} alt-text captions of each of {cfg.n_train:,} train scenes"}[cfg.base_captions]
+    base_src = (f"{cfg.alt_per_scene} alt-text captions of each of {cfg.n_train:,} train scenes"
+                if cfg.base_captions == "alt" else
+                f"the full captions of {cfg.n_train:,} train scenes (the fine-tuning split's caption distribution, "
+                f"configurations disjoint)")
+    if cfg.base_captions == "full+place":
+        base_src += " and one object of each named with its absolute place ('a red circle on the left')"
     cap = (lambda v, what: f"every {what}" if v == 0 else f"at most {v} {what}s")
     rep.text(f"Base: ViT of `{cfg.vision_model}` ({cfg.image_size} px) from scratch + frozen all-MiniLM-L6-v2 + "
              f"trainable projection, trained contrastively on {base_src} for {cfg.base_epochs} epochs. Fine-tuning on "
