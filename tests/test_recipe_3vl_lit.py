@@ -331,7 +331,11 @@ def test_answer_names_the_first_measured_cause():
     r = _results(base=70, contrastive=72, tree=74)
     assert premise(r)["contrastive_gains_under_1"] is False
     assert answer(cfg, r)[0] == "premise_not_reached"
-    assert answer(cfg, _results(swap=70))[0] == "premise_not_reached"  # the base binds already
+    cause, text = answer(cfg, _results(swap=70, tree=71))  # the base binds already
+    assert cause == "premise_not_reached"
+    # what was measured is still said, after the premise
+    assert text.endswith("does not test the paper's claim. Measured anyway: tree − contrastive +0.5 [+0.5, +1.5], "
+                         "tree − base +1.0, tree relation 50.0.")
     assert answer(cfg, _results(per_batch=1.5))[0] == "hard_negatives_in_batches"
     cause, text = answer(cfg, _results())
     assert cause == "relations_not_learnable" and "1000 steps" in text and "loses" not in text

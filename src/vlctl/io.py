@@ -183,6 +183,16 @@ def atomic_save_npz(path: str | os.PathLike, **arrays: np.ndarray) -> Path:
     return _atomic_file(path, needed, lambda f: np.savez(f, **arrays))
 
 
+def merged_npz(paths: list[Path]) -> dict[str, np.ndarray]:
+    """The arrays of several .npz files in one dict; a name in several keeps the first file's array."""
+    out: dict[str, np.ndarray] = {}
+    for path in paths:
+        with np.load(path) as arr:
+            for k in arr.files:
+                out.setdefault(k, arr[k])
+    return out
+
+
 def atomic_save_safetensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, str] | None = None) -> Path:
     """Save a dict of torch tensors as safetensors, atomically; the same tensors and metadata give
     the same bytes (so the same sha256)."""

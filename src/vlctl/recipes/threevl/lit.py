@@ -22,8 +22,8 @@ of words) and `single_object` (one object's noun phrase against one whose change
 object has: attribute perception without binding). Every model is trained for each of `seeds`;
 accuracies are mean +- std over seeds with a bootstrap 95% interval over test items. Anchor token
 removal (3VL) at `removal_fraction` on the tree models reuses 3vl-scenes' relevancy machinery.
-Stages: data -> trees -> base_s<seed> -> finetune_<mode>_s<seed> -> evaluate -> relation_probe (lit_probe:
-what each model's image embedding holds of the relation) -> report.
+Stages: data -> trees -> base_s<seed> -> finetune_<mode>_s<seed> -> evaluate_s<seed> ->
+relation_probe_s<seed> (lit_probe: what each model's image embedding holds of the relation) -> report.
 Statistics, targets, figure, arrays/README.md and report.md: vlctl.recipes.threevl.lit_report.
 """
 
@@ -59,7 +59,7 @@ from vlctl.data.scenes import (
 from vlctl.eval.checklist import checklist_scores, row_cosine
 from vlctl.eval.metrics import in_batch_hard_negatives
 from vlctl.fsops import VlctlError
-from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, read_json
+from vlctl.io import atomic_save_npz, atomic_write_json, atomic_write_text, merged_npz, read_json
 from vlctl.recipes.runner import Runner
 from vlctl.recipes.threevl import lit_probe
 from vlctl.recipes.threevl.lit_report import (
@@ -429,8 +429,10 @@ def load_tuned(stage_dir: Path):
     return model.eval()
 
 
-def _evaluate(cfg: ThreeVLLitRecipe, data_dir: Path, ft_data_dir: Path, base_dirs: dict, ft_dirs: dict,
+def _evaluate(cfg: ThreeVLLitRecipe, seed: int, data_dir: Path, ft_data_dir: Path, base_dirs: dict, ft_dirs: dict,
               work: Path) -> None:
+    """Stage evaluate_s<seed>: the checklist scores of seed `seed`'s four models, Anchor removal on its tree
+    model, and MiniLM's own cosines (the frozen tower: the same for every seed)."""
     import torch
 
     from vlctl.captions.anchor import anchor_text
@@ -448,36 +450,35 @@ def _evaluate(cfg: ThreeVLLitRecipe, data_dir: Path, ft_data_dir: Path, base_dir
     ft = load_scenes(ft_data_dir / "finetune")
     rel_items = checklist_items(ft["labels"][:TRAIN_RELATION_ITEMS], "relation_spatial")
     t0 = time.perf_counter()
-    for seed in cfg.seeds:
-        for name in BASE_MODELS:
-            if name == "base":
-                model = tiny_pretrained.load_pretrained(base_dirs[seed] / "model")
-                model.text.share_cache(_SHARED_SENTENCE_CACHE)
-            else:
-                model = load_tuned(ft_dirs[(name, seed)])
-            enc = TinyCLIPEncoder(model)
-            if x_all is None:
-                x_all = enc.preprocess_batch(np.asarray(test["images"]))
-            with torch.no_grad():
-                for c, scores in checklist_scores(enc, x_all, items).items():
-                    arrays[f"scores_{name}_s{seed}__{c}"] = scores
-                x_ft = enc.preprocess_batch(np.asarray(ft["images"][:TRAIN_RELATION_ITEMS]))
-                arrays[f"train_relation_{name}_s{seed}"] = checklist_scores(enc, x_ft, {"r": rel_items})["r"]
-            if name == "tree":  # Anchor token removal on the first n_relevancy items of each category
-                for c in CHECKLIST_CATEGORIES:
-                    its = items[c][: cfg.n_relevancy]
-                    x = x_all[[it["index"] for it in its]]
-                    maps = rel.anchor_map(enc, x, [anchor_text(it["pos"], it["neg"]) for it in its])
-                    with torch.no_grad():
-                        e = rel.remove_tokens(enc, x, maps, cfg.removal_fraction).float()
-                        p = enc.encode_texts(enc.tokenize([it["pos"] for it in its]))
-                        n = enc.encode_texts(enc.tokenize([it["neg"] for it in its]))
-                    arrays[f"anchor_tr_s{seed}__{c}"] = np.stack([row_cosine(e, p), row_cosine(e, n)], axis=1)
+    for name in BASE_MODELS:
+        if name == "base":
+            model = tiny_pretrained.load_pretrained(base_dirs[seed] / "model")
+            model.text.share_cache(_SHARED_SENTENCE_CACHE)
+        else:
+            model = load_tuned(ft_dirs[(name, seed)])
+        enc = TinyCLIPEncoder(model)
+        if x_all is None:
+            x_all = enc.preprocess_batch(np.asarray(test["images"]))
+        with torch.no_grad():
+            for c, scores in checklist_scores(enc, x_all, items).items():
+                arrays[f"scores_{name}_s{seed}__{c}"] = scores
+            x_ft = enc.preprocess_batch(np.asarray(ft["images"][:TRAIN_RELATION_ITEMS]))
+            arrays[f"train_relation_{name}_s{seed}"] = checklist_scores(enc, x_ft, {"r": rel_items})["r"]
+        if name == "tree":  # Anchor token removal on the first n_relevancy items of each category
+            for c in CHECKLIST_CATEGORIES:
+                its = items[c][: cfg.n_relevancy]
+                x = x_all[[it["index"] for it in its]]
+                maps = rel.anchor_map(enc, x, [anchor_text(it["pos"], it["neg"]) for it in its])
+                with torch.no_grad():
+                    e = rel.remove_tokens(enc, x, maps, cfg.removal_fraction).float()
+                    p = enc.encode_texts(enc.tokenize([it["pos"] for it in its]))
+                    n = enc.encode_texts(enc.tokenize([it["neg"] for it in its]))
+                arrays[f"anchor_tr_s{seed}__{c}"] = np.stack([row_cosine(e, p), row_cosine(e, n)], axis=1)
     timings["checklist_and_anchor_s"] = time.perf_counter() - t0
 
     # Text only: MiniLM's own cosine between each positive and its negative (normalised sentence embeddings).
     t0 = time.perf_counter()
-    base = tiny_pretrained.load_pretrained(base_dirs[cfg.seeds[0]] / "model")
+    base = tiny_pretrained.load_pretrained(base_dirs[seed] / "model")
     base.text.share_cache(_SHARED_SENTENCE_CACHE)
     for c, its in items.items():
         with torch.no_grad():
@@ -545,31 +546,34 @@ def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitReci
                 f"finetune_{mode}_s{seed}", finetune_stage_key(cfg, mode, base_key, keys),
                 lambda w, r, mode=mode, seed=seed: _finetune(cfg, mode, seed, base_dirs[seed], ft_data_dir, trees_dir,
                                                              w, r), resumable=True)
-    eval_key = {"models": {f"{m}_s{s}": d.name for (m, s), d in ft_dirs.items()},
-                "bases": {s: d.name for s, d in base_dirs.items()}, "train_relation_items": TRAIN_RELATION_ITEMS,
-                **{f: getattr(cfg, f) for f in ("n_relevancy", "removal_fraction")}}
-    eval_dir = runner.stage("evaluate", eval_key,
-                            lambda w: _evaluate(cfg, data_dir, ft_data_dir, base_dirs, ft_dirs, w))
+    # One evaluation and one probe stage per seed, so a seed added later leaves the others' cached.
+    probe_dirs, eval_dirs = [], []
+    for s in cfg.seeds:
+        mine = {m: d for (m, seed), d in ft_dirs.items() if seed == s}
+        eval_key = {"models": {f"{m}_s{s}": d.name for m, d in mine.items()}, "bases": {s: base_dirs[s].name},
+                    "train_relation_items": TRAIN_RELATION_ITEMS,
+                    **{f: getattr(cfg, f) for f in ("n_relevancy", "removal_fraction")}}
+        eval_dirs.append(runner.stage(f"evaluate_s{s}", eval_key, lambda w, s=s: _evaluate(
+            cfg, s, data_dir, ft_data_dir, base_dirs, ft_dirs, w)))
+        # What each model's image embedding holds of the relation (lit_probe): why relations do or do not move.
+        probe_models = {f"base_s{s}": base_dirs[s], **{f"{m}_s{s}": d for m, d in mine.items()}}
+        probe_key = {"data": data_dir.name, "models": {k: d.name for k, d in probe_models.items()},
+                     "probes": list(lit_probe.PROBES), "pixel_grid": lit_probe.PIXEL_GRID,
+                     "probe": "logistic, C by 5-fold CV"}
+        probe_dirs.append(runner.stage(f"relation_probe_s{s}", probe_key, lambda w, pm=probe_models: (
+            lit_probe.relation_probe(data_dir, pm, load_tuned, w))))
 
-    # What each model's image embedding holds of the relation (lit_probe): why relations do or do not move.
-    probe_models = {**{f"base_s{s}": d for s, d in base_dirs.items()}, **{f"{m}_s{s}": d for (m, s), d in ft_dirs.items()}}
-    probe_key = {"data": data_dir.name, "models": {k: d.name for k, d in probe_models.items()},
-                 "probes": list(lit_probe.PROBES), "pixel_grid": lit_probe.PIXEL_GRID, "probe": "logistic, C by 5-fold CV"}
-    probe_dir = runner.stage("relation_probe", probe_key,
-                             lambda w: lit_probe.relation_probe(data_dir, probe_models, load_tuned, w))
-
-    arr = np.load(eval_dir / "eval.npz")
+    arr = merged_npz([d / "eval.npz" for d in eval_dirs])  # the seeds' shared arrays (MiniLM's) from the first
     arrays = out / "arrays"
-    probe_arr = dict(np.load(probe_dir / "relation_probe.npz"))
-    atomic_save_npz(arrays / "relation_probe.npz", **probe_arr)
+    atomic_save_npz(arrays / "relation_probe.npz", **merged_npz([d / "relation_probe.npz" for d in probe_dirs]))
     # objects in each item's scene: relations are learnable where their two objects are the only ones
     test_labels = load_scenes(data_dir / "test")["labels"]
     n_objects = {f"n_objects__{c}": np.array([len(test_labels[it["index"]]["objects"]) for it in its], dtype=np.int64)
                  for c, its in test_items(data_dir, cfg.data_seed).items()}
-    atomic_save_npz(arrays / "checklist.npz", **{k: arr[k] for k in arr.files}, **n_objects)
+    atomic_save_npz(arrays / "checklist.npz", **arr, **n_objects)
     atomic_write_text(arrays / "README.md", ARRAYS_README + "\n" + lit_probe.ARRAYS_README)
     # The report's numbers come from the saved arrays, not from the stage's memory.
-    ev = read_json(eval_dir / "eval.json", "eval.json")
+    ev = read_json(eval_dirs[0] / "eval.json", "eval.json")
     r = results_from_arrays(np.load(arrays / "checklist.npz"), cfg, ev["pos_tags"])
     tinfo = read_json(trees_dir / "trees.json", "trees")
     fits = {f"{m}_s{s}": read_json(d / "fit.json", "fit.json") for (m, s), d in ft_dirs.items()}
