@@ -28,7 +28,6 @@ from vlctl.recipes.threevl.lit import (
     ThreeVLLitRecipe,
     base_pairs,
     checked_tree,
-    extra_items,
     lit_config,
     load_preset,
     phrase_structure,
@@ -37,6 +36,7 @@ from vlctl.recipes.threevl.lit import (
     stage_keys,
     with_relation_negatives,
 )
+from vlctl.recipes.threevl.lit_eval import extra_items
 from vlctl.recipes.threevl.lit_report import BASE_MODELS, CATEGORIES, bootstrap_interval, items_for_difference
 
 MINI = ThreeVLLitRecipe(n_train=64, alt_per_scene=1, n_finetune=32, n_test=12, base_epochs=1, base_batch_size=32,

@@ -263,7 +263,7 @@ ARRAYS_README = """# arrays/
 `checklist.npz`: `scores_<model>_s<seed>__<category>` (n, 2) float64, per test item of the
 category [cosine(image, POS), cosine(image, NEG)], model in base, contrastive, negclip, tree,
 seed in the run's seeds; categories: the five of checklist/<category>.json (same order) plus
-attribute_swap and single_object (vlctl.recipes.threevl.lit.extra_items of the test labels).
+attribute_swap and single_object (vlctl.recipes.threevl.lit_eval.extra_items of the test labels).
 accuracy = 100 * mean(scores[:, 0] > scores[:, 1]); the report's mean +- std is over seeds, its
 95% interval a bootstrap over items (the same resample for every seed); "average" = mean over
 the five VL-CheckList categories.
