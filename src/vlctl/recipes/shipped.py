@@ -1,7 +1,7 @@
 """The trained checkpoints shipped in the repository, so `make demo` starts from trained models.
 
-Each is a finished training stage of a `--quick` preset (the CLIPs; 3VL's base and its three
-LoRA fine-tunes), or of a full preset named in FULL_PRESETS (the paper-size MAD CLIP, 80-110 min of
+Each is a finished training stage of a `--quick` preset (the CLIPs; 3vl-scenes' base and its three
+LoRA fine-tunes; 3vl-lit's three seeds of both), or of a full preset named in FULL_PRESETS (the paper-size MAD CLIP, 80-110 min of
 training on 2 cores, which tevi-mad's 5-seed protocol starts from), as the recipe itself wrote it (`done.json` with the stage key, `model/` with the
 TinyCLIP weights and its encoder id, the training log; not the resume state), stored under
 `checkpoints/<stage>-<key digest>/` at the repository's top level. `checkpoints/manifest.json` lists, per stage
@@ -27,7 +27,7 @@ from vlctl.io import atomic_write_json, read_json, sha256_file, sha256_json
 
 # One setting says where they are: $VLCTL_CHECKPOINTS, else the repository's top-level checkpoints/
 # beside src/ (a source checkout or an editable install). They live outside the package so that a
-# wheel of vlctl does not carry 27 MB of weights; with no such folder every recipe trains its models.
+# wheel of vlctl does not carry 35 MB of weights; with no such folder every recipe trains its models.
 CHECKPOINTS_ENV = "VLCTL_CHECKPOINTS"
 SHIPPED = Path(os.environ.get(CHECKPOINTS_ENV) or Path(__file__).resolve().parents[3] / "checkpoints")
 # recipe -> its module, whose `shipped_stage_keys(cfg, stages)` names the stages worth shipping
@@ -37,6 +37,7 @@ TRAINED = {
     "controlembed-shapes": "vlctl.recipes.controlembed.shapes",
     "3vl-scenes": "vlctl.recipes.threevl.scenes",
     "tevi-mad": "vlctl.recipes.tevi.mad",
+    "3vl-lit": "vlctl.recipes.threevl.lit",
 }
 # recipe -> the full (not --quick) preset's stages shipped too. Only the MAD CLIP: tevi-mad's full train embeddings
 # (60,000 x 18 x 2 float32, 8.6 MB) are recomputed from it in about 5 minutes, its training takes 80-110.
@@ -80,7 +81,8 @@ def shipped_manifest(shipped: Path = SHIPPED) -> dict[str, dict]:
 
 def copy_shipped(src: Path, entry: dict, key: dict, dst: Path) -> None:
     """Copy a shipped stage into `dst`, refusing it unless its key and every file's hash match."""
-    if read_json(src / "done.json", "shipped stage marker").get("key") != key:
+    # compared as hashed, like the directory name: a key's tuples are lists once written as JSON
+    if sha256_json(read_json(src / "done.json", "shipped stage marker").get("key")) != sha256_json(key):
         raise VlctlError(f"{src / 'done.json'}: the shipped stage's key is not the key its directory name says")
     for rel, digest in entry["files"].items():
         if not (src / rel).is_file() or sha256_file(src / rel) != digest:
@@ -103,7 +105,8 @@ def _encoder_id(stage_dir: Path) -> str | None:
 def shipped_trees_digest(shipped: Path = SHIPPED) -> str | None:
     """The trees digest the shipped 3VL fine-tunes were trained on (their keys' `trees`), None if none is shipped."""
     digests = {read_json(Path(shipped) / name / "done.json", "shipped stage marker")["key"]["trees"]
-               for name, entry in shipped_manifest(shipped).items() if entry["stage"].startswith("finetune_")}
+               for name, entry in shipped_manifest(shipped).items()
+               if entry["recipe"] == "3vl-scenes" and entry["stage"].startswith("finetune_")}
     if len(digests) > 1:
         raise VlctlError(f"{shipped}: the shipped fine-tunes were trained on different trees {sorted(digests)}")
     return digests.pop() if digests else None

@@ -397,6 +397,16 @@ def finetune_stage_key(cfg: ThreeVLLitRecipe, mode: str, base_key: dict, keys: d
     return {"base": base_key, **data, "mode": mode, **{f: getattr(cfg, f) for f in fields}}
 
 
+def shipped_stage_keys(cfg: ThreeVLLitRecipe, stages: Path | None = None, **_: object) -> dict[str, dict]:
+    """The stages shipped (vlctl.recipes.shipped): each seed's base and three fine-tunes, about 34 min of
+    training for the quick preset; the keys need no stage output (`stages` is unused)."""
+    keys, out = stage_keys(cfg), {}
+    for seed in cfg.seeds:
+        out[f"base_s{seed}"] = base_key = base_stage_key(cfg, seed, keys)
+        out.update({f"finetune_{m}_s{seed}": finetune_stage_key(cfg, m, base_key, keys) for m in FT_MODES})
+    return out
+
+
 def run(out: Path, quick: bool = False, force: bool = False, cfg: ThreeVLLitRecipe | None = None,
         stages: str | Path | None = None, from_scratch: bool = False) -> Path:
     cfg = cfg or load_preset(quick)
