@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from vlctl.fsops import VlctlError
-from vlctl.io import read_json, sha256_file
+from vlctl.io import read_json, sha256_file, sha256_json
 from vlctl.recipes import RECIPES
 from vlctl.recipes import shipped as shipped_mod
 from vlctl.recipes.runner import Runner
@@ -73,6 +73,25 @@ def test_the_shipped_fine_tunes_were_trained_on_the_trees_the_generator_makes_to
     data_dir = runner.stage("data", keys["data"], lambda w: tvl._data(cfg, w))
     trees_dir = runner.stage("trees", keys["trees"], lambda w: tvl._trees(cfg, data_dir, w))
     assert tvl.trees_digest(trees_dir) == _shipped_trees_digest(shipped_manifest())
+
+
+# The trees 3vl-lit's shipped quick fine-tunes were trained on: sha256_json of trees.json's "trees" and "negatives".
+# Their keys name the tree generator by GENERATOR_VERSION, not by its output, so this is what catches a change.
+LIT_QUICK_TREES = "70f425740cc5c1cd4637686dcf993cb2f0234f3bf9b7d42b27a3d23077d72050"
+
+
+@pytest.mark.slow
+def test_the_shipped_3vl_lit_fine_tunes_were_trained_on_the_trees_the_generator_makes_today(tmp_path):
+    """A change to the trees of 3vl-lit's quick preset must bump trees.GENERATOR_VERSION (new keys:
+    the fine-tunes retrain) and refresh the shipped ones, or the recipe reuses stale fine-tunes."""
+    from vlctl.recipes.threevl import lit
+
+    cfg = lit.load_preset(True)
+    runner = Runner(tmp_path, verbose=False, from_scratch=True)
+    keys = lit.stage_keys(cfg)
+    ft = runner.stage("data-finetune", keys["data_finetune"], lambda w: lit._data_finetune(cfg, w))
+    trees = read_json(runner.stage("trees", keys["trees"], lambda w: lit._trees(cfg, ft, w)) / "trees.json")
+    assert sha256_json({"trees": trees["trees"], "negatives": trees["negatives"]}) == LIT_QUICK_TREES
 
 
 def test_each_shipped_checkpoint_is_small_and_its_id_names_its_weights():
