@@ -205,14 +205,12 @@ def rows_to_compute(cache: dict, keys: list[bytes], cache_size: int) -> dict[byt
     batch never reads an entry the clearing evicted."""
     first_row: dict[bytes, int] = {}
     for i, k in enumerate(keys):
-        if k not in cache:
-            first_row.setdefault(k, i)
-    if first_row and len(cache) + len(first_row) > cache_size:
+        first_row.setdefault(k, i)
+    missing = {k: i for k, i in first_row.items() if k not in cache}
+    if missing and len(cache) + len(missing) > cache_size:
         cache.clear()
-        first_row = {}
-        for i, k in enumerate(keys):
-            first_row.setdefault(k, i)
-    return first_row
+        return first_row
+    return missing
 
 
 class MiniLMLoRA:

@@ -229,15 +229,17 @@ def answer(cfg, r: dict) -> tuple[str, str]:
         return "tree_wins", (f"The tree loss wins: tree − base {tb['mean']:+.1f} points, tree − {best} "
                              f"{tbest['mean']:+.1f} [{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}].")
     b = a["base"]
+    # what every answer but the win says of the comparison, then of binding, the probe and the losses
+    versus = (f"tree − {best} {tbest['mean']:+.1f} [{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}], tree − base "
+              f"{tb['mean']:+.1f}")
+    measured = _binding(r) + _probe(r) + _losses(r)
     if not all(premise(r).values()):
         return "premise_not_reached", (
             f"Premise not reached: contrastive fine-tuning gains {cb['mean']:+.1f} points over the base "
             f"[{cb['ci95'][0]:+.1f}, {cb['ci95'][1]:+.1f}] (needs < {PREMISE_GAIN:g}), base attribute swap "
             f"{b['attribute_swap']['mean']:.1f} and relation {b['relation_spatial']['mean']:.1f} (need ≤ "
             f"{BAG_OF_WORDS:g}): a comparison of the losses on this base does not test the paper's claim. Measured "
-            f"anyway: tree − {best} {tbest['mean']:+.1f} [{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}], tree − base "
-            f"{tb['mean']:+.1f}, tree relation {a['tree']['relation_spatial']['mean']:.1f}." + _binding(r) + _probe(r)
-            + _losses(r))
+            f"anyway: {versus}, tree relation {a['tree']['relation_spatial']['mean']:.1f}." + measured)
     if per_batch >= MATERIAL_HARD_PAIRS_PER_BATCH:
         return "hard_negatives_in_batches", (
             f"Hard negatives present in batches anyway: {per_batch:.2f} one-word or rebound caption pairs per "
@@ -247,15 +249,12 @@ def answer(cfg, r: dict) -> tuple[str, str]:
             f"Relations not learnable by LoRA in the budget: after {steps} steps the tree model reads the relation "
             f"of its own fine-tuning scenes at {trel['tree']:.1f} (base {trel.get('base', float('nan')):.1f}) and "
             f"of the test scenes at {a['tree']['relation_spatial']['mean']:.1f}; the premise holds (contrastive "
-            f"{cb['mean']:+.1f}) and batches hold {per_batch:.2f} hard pairs each. Tree − {best} "
-            f"{tbest['mean']:+.1f} [{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}], tree − base {tb['mean']:+.1f}."
-            + _binding(r) + _probe(r) + _losses(r))
+            f"{cb['mean']:+.1f}) and batches hold {per_batch:.2f} hard pairs each. {versus[0].upper()}{versus[1:]}."
+            + measured)
     return "loss_does_not_help", (
         f"The loss itself does not help once the premise holds (contrastive {cb['mean']:+.1f}), batches hold "
         f"{per_batch:.2f} hard pairs each and relations are learnable (tree on its own scenes "
-        f"{trel.get('tree', float('nan')):.1f}): tree − {best} {tbest['mean']:+.1f} "
-        f"[{tbest['ci95'][0]:+.1f}, {tbest['ci95'][1]:+.1f}], tree − base {tb['mean']:+.1f}." + _binding(r) + _probe(r)
-        + _losses(r))
+        f"{trel.get('tree', float('nan')):.1f}): {versus}." + measured)
 
 
 ARRAYS_README = """# arrays/
